@@ -315,3 +315,29 @@ def clocks_event_reason_names(mask: Optional[int]) -> Optional[List[str]]:
             rest &= ~bit
         bit <<= 1
     return names
+
+
+_PCI_BUS_ID = re.compile(
+    r"^(?:PCI:)?(?:(?P<domain>[0-9a-fA-F]{1,8}):)?(?P<bus>[0-9a-fA-F]{1,2}):(?P<dev>[0-9a-fA-F]{1,2})"
+    r"(?:\.(?P<fn>[0-7]))?$"
+)
+
+
+def normalize_pci_bus_id(value: Optional[str]) -> Optional[str]:
+    """Normalise a PCI bus id to the 4-digit-domain, lower-case form ``"0000:3b:00.0"``.
+
+    Accepts what NVML (``nvmlPciInfo_t.busId``, ``"00000000:3B:00.0"``), ``nvidia-smi``
+    (``<pci_bus_id>``) and the kernel log (``NVRM: Xid (PCI:0000:3b:00)``, no function) print.
+    A missing domain is taken as 0 and a missing function as 0.
+
+    :returns: the normalised id, or ``None`` for ``None``/"N/A"/text that is no bus id.
+    """
+    text = null_if_na(value)
+    if text is None:
+        return None
+    match = _PCI_BUS_ID.match(text)
+    if not match:
+        return None
+    domain = int(match.group("domain") or "0", 16)
+    return "%04x:%02x:%02x.%s" % (domain & 0xFFFF, int(match.group("bus"), 16), int(match.group("dev"), 16),
+                                 match.group("fn") or "0")

@@ -26,3 +26,11 @@ def test_power_and_memory_units():
     assert fm.mib_from_bytes(85899345920) == 81920
     assert fm.branch_of("580.126.20") == "580"
     assert fm.branch_of("garbage") is None
+
+
+def test_pci_bus_ids_from_every_source_normalise_alike():
+    assert fm.normalize_pci_bus_id("00000000:3B:00.0") == "0000:3b:00.0"
+    assert fm.normalize_pci_bus_id("PCI:0000:9b:00") == "0000:9b:00.0"
+    assert fm.normalize_pci_bus_id("0000:9B:00.1") == "0000:9b:00.1"
+    assert fm.normalize_pci_bus_id("N/A") is None
+    assert fm.normalize_pci_bus_id("gpu0") is None
