@@ -339,5 +339,6 @@ def normalize_pci_bus_id(value: Optional[str]) -> Optional[str]:
     if not match:
         return None
     domain = int(match.group("domain") or "0", 16)
-    return "%04x:%02x:%02x.%s" % (domain & 0xFFFF, int(match.group("bus"), 16), int(match.group("dev"), 16),
-                                 match.group("fn") or "0")
+    bus = int(match.group("bus"), 16)
+    device = int(match.group("dev"), 16)
+    return "%04x:%02x:%02x.%s" % (domain & 0xFFFF, bus, device, match.group("fn") or "0")

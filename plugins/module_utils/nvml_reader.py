@@ -324,8 +324,10 @@ def _read_clocks_and_links(nvml: Any, reader: _FieldReader, handle: Any, gpu: Di
     gpu["clocks_event_reasons"] = clocks_event_reason_names(mask)
     pcie = gpu["pcie"]
     pcie["gen_current"] = reader.get("pcie.gen_current", "nvmlDeviceGetCurrPcieLinkGeneration", handle)
-    pcie["gen_max"] = _first(reader, "pcie.gen_max", [("nvmlDeviceGetGpuMaxPcieLinkGeneration", (handle,)),
-                                                       ("nvmlDeviceGetMaxPcieLinkGeneration", (handle,))])
+    pcie["gen_max"] = _first(reader, "pcie.gen_max", [
+        ("nvmlDeviceGetGpuMaxPcieLinkGeneration", (handle,)),
+        ("nvmlDeviceGetMaxPcieLinkGeneration", (handle,)),
+    ])
     pcie["width_current"] = reader.get("pcie.width_current", "nvmlDeviceGetCurrPcieLinkWidth", handle)
     pcie["width_max"] = reader.get("pcie.width_max", "nvmlDeviceGetMaxPcieLinkWidth", handle)
     if not gpu["mig"]["mode_current"]:

@@ -1,0 +1,67 @@
+# gpufleet.nvidia: one entry point for the demo and the test suite.
+#
+#   make demo   bring up the simulated fleet and run the main job on it
+#   make test   everything CI runs: ansible-lint, ansible-test sanity, unit, integration and molecule
+#
+# Each target installs what it needs: Debian packages (as root), a virtualenv in .venv, and the
+# simulated fleet's base root filesystem (cached in .cache/simfleet).
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build/collections
+export ANSIBLE_CONFIG := $(CURDIR)/tests/ansible.cfg
+export PATH := $(VENV)/bin:$(PATH)
+export PYTHONDONTWRITEBYTECODE := 1
+
+# Debian packages the simulated fleet and the tests need on the control host.
+HOST_PACKAGES := debootstrap systemd-container kmod binutils dpkg-dev apt-utils gnupg \
+	openssh-client python3-venv iproute2 procps
+
+.PHONY: test demo deps host-packages venv collection lint sanity unit integration clean
+
+test: deps lint sanity unit integration
+
+deps: host-packages venv collection
+
+host-packages:
+	@missing=""; for p in $(HOST_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q '^install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "missing Debian packages:$$missing (run as root, or: apt-get install$$missing)"; exit 1; fi; \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-test.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-test.txt
+	touch $@
+
+collection:
+	@mkdir -p .build/collections/ansible_collections/gpufleet
+	@ln -sfn $(CURDIR) .build/collections/ansible_collections/gpufleet/nvidia
+
+lint: deps
+	$(VENV)/bin/ansible-lint --profile production
+
+sanity: deps
+	PYTHON=$(PYTHON) bash tests/sanity/run-sanity.sh
+
+unit: deps
+	$(PY) -m pytest -q tests/unit
+
+integration: deps
+	$(PY) -m pytest -q tests/integration
+
+demo: deps
+	$(PY) tests/demo.py
+
+clean:
+	-tests/simfleet/bin/simfleet down --purge 2>/dev/null
+	rm -rf .build .venv .venv-sanity tests/output
