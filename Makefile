@@ -49,6 +49,7 @@ collection:
 
 lint: deps
 	$(VENV)/bin/ansible-lint --profile production
+	$(VENV)/bin/antsibull-changelog lint
 
 sanity: deps
 	PYTHON=$(PYTHON) bash tests/sanity/run-sanity.sh
