@@ -201,7 +201,8 @@ def read_gpu(nvml: Any, index: int, unsupported: List[Dict[str, Any]]) -> Dict[s
 
     Sources (NVML API reference): nvmlDeviceGetUUID/Name/Serial/PciInfo_v3 (busId)/
     Architecture/VbiosVersion, nvmlDeviceGetPersistenceMode, nvmlDeviceGetComputeMode,
-    nvmlDeviceGetPowerManagementLimit (limit_w), ...DefaultLimit, nvmlDeviceGetEnforcedPowerLimit,
+    nvmlDeviceGetPowerManagementLimit (requested_limit_w), ...DefaultLimit,
+    nvmlDeviceGetEnforcedPowerLimit (enforced_limit_w and limit_w, the limit in effect),
     ...LimitConstraints (min/max), nvmlDeviceGetPowerUsage (draw_w), nvmlDeviceGetEccMode
     (current, pending), nvmlDeviceGetTotalEccErrors, nvmlDeviceGetRemappedRows,
     nvmlDeviceGetRetiredPages(+PendingStatus), nvmlDeviceGetMigMode (current, pending) and the
@@ -254,12 +255,16 @@ def _read_modes_and_power(nvml: Any, reader: _FieldReader, handle: Any, gpu: Dic
     mode = reader.get("compute_mode", "nvmlDeviceGetComputeMode", handle)
     gpu["compute_mode"] = None if mode is None else COMPUTE_MODES.get(mode, "Unknown(%s)" % mode)
     power = gpu["power"]
-    power["limit_w"] = watts_from_milliwatts(
-        reader.get("power.limit_w", "nvmlDeviceGetPowerManagementLimit", handle))
+    # The limit in effect is the enforced one (the lowest of all limiters); what was set through
+    # nvmlDeviceSetPowerManagementLimit is read back by nvmlDeviceGetPowerManagementLimit, which
+    # nvidia-smi prints as "Requested Power Limit" (field case 15: 500 W in effect, 700 W requested).
+    power["requested_limit_w"] = watts_from_milliwatts(
+        reader.get("power.requested_limit_w", "nvmlDeviceGetPowerManagementLimit", handle))
     power["default_limit_w"] = watts_from_milliwatts(
         reader.get("power.default_limit_w", "nvmlDeviceGetPowerManagementDefaultLimit", handle))
     power["enforced_limit_w"] = watts_from_milliwatts(
         reader.get("power.enforced_limit_w", "nvmlDeviceGetEnforcedPowerLimit", handle))
+    power["limit_w"] = power["enforced_limit_w"]
     low, high = _pair(reader.get("power.min_max_limit_w", "nvmlDeviceGetPowerManagementLimitConstraints", handle))
     power["min_limit_w"] = watts_from_milliwatts(low)
     power["max_limit_w"] = watts_from_milliwatts(high)

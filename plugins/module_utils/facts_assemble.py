@@ -1,0 +1,272 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Assemble ``ansible_facts.nvidia`` from raw inputs, whatever the source.
+
+The gpu_facts module collects raw inputs (texts of files and command outputs, and the result of
+the NVML reader) from the live host or from a captured bundle; this module turns them into the
+one facts document of :mod:`facts_model`. No I/O happens here: the same inputs always give the
+same facts, which is what makes captures replayable in tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import (
+    branch_of,
+    new_facts,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import parse_kernel_log, summarize_xids
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.pcie_links import gpu_link_report, parse_lspci_links
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_text import parse_nvidia_smi_text
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_xml import SmiParseError, parse_nvidia_smi_xml
+
+# Capture bundle file name → input key (see the gpu_facts module's capture_dir option).
+CAPTURE_FILES = {
+    "nvidia-smi-q.xml": "smi_xml",
+    "nvidia-smi-q.txt": "smi_text",
+    "dmesg.txt": "kernel_log",
+    "proc-driver-nvidia-version.txt": "proc_version",
+    "sys-module-nvidia-version.txt": "sys_module_version",
+    "modinfo-nvidia.txt": "modinfo",
+    "uname-r.txt": "running_kernel",
+    "dpkg-l.txt": "dpkg_l",
+    "rpm-qa.txt": "rpm_qa",
+    "apt-mark-showhold.txt": "apt_mark_showhold",
+    "lspci-vvv.txt": "lspci",
+    "lib-modules-nvidia.txt": "modules_find",
+}
+
+
+class CaptureError(ValueError):
+    """A captured file could not be read or parsed; ``filename`` names it."""
+
+    def __init__(self, filename: str, problem: str) -> None:
+        super(CaptureError, self).__init__("%s: %s" % (filename, problem))
+        self.filename = filename
+
+
+def decode_capture(raw: Dict[str, bytes]) -> Dict[str, str]:
+    """Decode a captured bundle's files into inputs, refusing binary data.
+
+    :param raw: file name (a key of :data:`CAPTURE_FILES`) → the file's bytes.
+    :returns: input key → text.
+    :raises CaptureError: for a file holding NUL bytes or text that is not UTF-8, naming the file.
+    """
+    inputs = {}
+    for filename, data in raw.items():
+        key = CAPTURE_FILES.get(filename)
+        if key is None:
+            continue
+        if b"\x00" in data:
+            raise CaptureError(filename, "holds binary data (NUL bytes); expected the text output it is named after")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise CaptureError(filename, "is not UTF-8 text (byte %d); expected the text output it is named after"
+                               % err.start)
+        inputs[key] = text
+    if "running_kernel" in inputs:
+        inputs["running_kernel"] = ds.kernel_release_from_uname(inputs["running_kernel"])
+    return inputs
+
+
+def _gpus_from_smi(inputs: Dict[str, Any], warnings: List[str], capture: bool) -> Optional[Dict[str, Any]]:
+    for key, filename, parser in (("smi_xml", "nvidia-smi-q.xml", parse_nvidia_smi_xml),
+                                  ("smi_text", "nvidia-smi-q.txt", parse_nvidia_smi_text)):
+        text = inputs.get(key)
+        if not text:
+            continue
+        failure = ds.parse_nvidia_smi_error(text)
+        if failure["nvml_error"] and "<nvidia_smi_log" not in text and "Attached GPUs" not in text:
+            # nvidia-smi printed its failure instead of a report: evidence, not a parse error.
+            inputs.setdefault("smi_error", text)
+            return None
+        try:
+            return parser(text)
+        except SmiParseError as err:
+            if capture:
+                raise CaptureError(filename, str(err))
+            warnings.append("nvidia-smi output could not be parsed: %s" % err)
+            return None
+    return None
+
+
+def _annotate_xids(events: List[Dict[str, Any]], gpus: List[Dict[str, Any]]) -> None:
+    by_bus = dict((gpu.get("pci_bus_id"), gpu.get("index")) for gpu in gpus if gpu.get("pci_bus_id"))
+    for event in events:
+        event["gpu_index"] = by_bus.get(event.get("pci_bus_id"))
+
+
+def _versions_from_api_mismatch(kernel_log: Optional[Dict[str, Any]], driver: Dict[str, Any],
+                                warnings: List[str]) -> None:
+    """Use "NVRM: API mismatch" kernel-log lines as evidence of the userspace and loaded versions.
+
+    The kernel module prints both versions when a client library of another version talks to it
+    (field case 23); they fill versions that no other source gave.
+    """
+    if not kernel_log or not kernel_log.get("api_mismatches"):
+        return
+    last = kernel_log["api_mismatches"][-1]
+    if driver["userspace_version"] is None:
+        driver["userspace_version"] = last.get("client_version")
+    if driver["loaded_version"] is None:
+        driver["loaded_version"] = last.get("kernel_module_version")
+    warnings.append("kernel log: NVRM API mismatch, client %s against kernel module %s"
+                    % (last.get("client_version"), last.get("kernel_module_version")))
+
+
+def _apply_pcie_links(inputs: Dict[str, Any], facts: Dict[str, Any]) -> None:
+    """Add ``pcie_gpu_links`` from ``lspci -vvv``; fill GPU link fields the GPU source left null."""
+    if not inputs.get("lspci"):
+        return
+    report = gpu_link_report(parse_lspci_links(inputs["lspci"]))
+    facts["pcie_gpu_links"] = report
+    by_bus = dict((link["pci_bus_id"], link) for link in report["gpus"])
+    for gpu in facts["gpus"]:
+        link = by_bus.get(gpu.get("pci_bus_id"))
+        if link is None:
+            continue
+        for key in ("gen_current", "gen_max", "width_current", "width_max"):
+            if gpu["pcie"].get(key) is None:
+                gpu["pcie"][key] = link[key]
+    if report["degraded_gpus"]:
+        facts["warnings"].append("PCIe link of GPU(s) %s runs below its capability" % ", ".join(report["degraded_gpus"]))
+
+
+def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]:
+    """Build the ``ansible_facts.nvidia`` document from raw inputs.
+
+    :param raw: for a capture, file name → bytes (see :data:`CAPTURE_FILES`); for a live host,
+        input key → value: ``nvml`` (the result of :func:`nvml_reader.read_nvml`), ``smi_xml``,
+        ``smi_error`` (output of a failed ``nvidia-smi``), ``kernel_log``, ``kernel_log_error``,
+        ``proc_version``, ``sys_module_version``, ``modinfo``, ``running_kernel``, ``dpkg_l``,
+        ``rpm_qa``, ``apt_mark_showhold`` (texts).
+    :param capture: ``True`` when ``raw`` is a captured bundle.
+    :returns: the facts document of :func:`facts_model.new_facts`, plus ``xid_summary``.
+    :raises CaptureError: for a captured file that is binary or cannot be parsed.
+    """
+    inputs = decode_capture(raw) if capture else dict(raw)
+    nvml = inputs.get("nvml")
+    nvml_ok = bool(nvml) and nvml.get("init_error") is None
+    smi_warnings = []  # type: List[str]
+    smi = None if nvml_ok else _gpus_from_smi(inputs, smi_warnings, capture)
+
+    if capture:
+        source = "capture"
+    elif nvml_ok:
+        source = "nvml"
+    elif smi is not None:
+        source = "nvidia-smi"
+    else:
+        source = "none"
+    facts = new_facts(source)
+    facts["warnings"].extend(smi_warnings)
+    driver = facts["driver"]
+    driver["running_kernel"] = inputs.get("running_kernel")
+
+    # GPUs and the userspace side
+    if nvml_ok:
+        facts["gpus"] = nvml["gpus"]
+        facts["attached_gpus"] = nvml.get("device_count")
+        facts["unsupported"] = nvml.get("unsupported", [])
+        driver["userspace_version"] = nvml["driver"].get("userspace_version")
+        driver["nvml_version"] = nvml["driver"].get("nvml_version")
+        driver["cuda_driver_version"] = nvml["driver"].get("cuda_driver_version")
+    elif smi is not None:
+        facts["gpus"] = smi["gpus"]
+        facts["attached_gpus"] = smi.get("attached_gpus")
+        facts["warnings"].extend(smi.get("warnings", []))
+        driver["userspace_version"] = smi["driver"].get("userspace_version")
+        driver["cuda_driver_version"] = smi["driver"].get("cuda_driver_version")
+    facts["gpu_count"] = len(facts["gpus"])
+    lost = [gpu["index"] for gpu in facts["gpus"] if not gpu.get("readable", True)]
+    if lost:
+        facts["warnings"].append("GPU(s) %s could not be read (%s)" % (
+            ", ".join(str(i) for i in lost),
+            ", ".join(sorted(set(e for gpu in facts["gpus"] for e in gpu.get("errors", []))))))
+
+    # NVML error evidence: from the NVML reader, or from a failed nvidia-smi's own words
+    nvml_error = nvml.get("init_error") if nvml else None
+    if nvml_error is None and inputs.get("smi_error"):
+        nvml_error = ds.nvml_error_from_text(inputs["smi_error"])
+    if nvml_error is None and inputs.get("smi_text") and smi is None:
+        nvml_error = ds.nvml_error_from_text(inputs["smi_text"])
+    if nvml_error:
+        facts["nvml_error"] = nvml_error
+
+    # Kernel module: loaded, on disk, flavour
+    loaded = None
+    if inputs.get("sys_module_version"):
+        loaded = ds.parse_sys_module_version(inputs["sys_module_version"])
+    proc = ds.parse_proc_driver_version(inputs["proc_version"]) if inputs.get("proc_version") else {}
+    loaded = loaded or proc.get("loaded_version")
+    driver["loaded_version"] = loaded
+    modinfo = ds.parse_modinfo(inputs["modinfo"]) if inputs.get("modinfo") else {}
+    driver["on_disk_version"] = modinfo.get("on_disk_version")
+    driver["kernel_module_type"] = proc.get("kernel_module_type") or modinfo.get("kernel_module_type")
+
+    # Packages
+    packages = []  # type: List[Dict[str, Any]]
+    packages_read = inputs.get("dpkg_l") is not None or inputs.get("rpm_qa") is not None
+    if inputs.get("dpkg_l"):
+        packages = ds.parse_dpkg_l(inputs["dpkg_l"])
+        driver["package_manager"] = "dpkg"
+    elif inputs.get("rpm_qa"):
+        packages = ds.parse_rpm_qa(inputs["rpm_qa"])
+        driver["package_manager"] = "rpm"
+    if inputs.get("apt_mark_showhold"):
+        ds.mark_held(packages, ds.parse_apt_mark_showhold(inputs["apt_mark_showhold"]))
+    driver["packages"] = packages
+    if driver["userspace_version"] is None:
+        driver["userspace_version"] = ds.userspace_version_from_packages(packages)
+
+    kernel_log = parse_kernel_log(inputs["kernel_log"]) if inputs.get("kernel_log") else None
+    _versions_from_api_mismatch(kernel_log, driver, facts["warnings"])
+    loaded = driver["loaded_version"]
+    driver["branch"] = branch_of(driver["userspace_version"] or loaded or driver["on_disk_version"])
+    module_for_kernel = None
+    if modinfo:
+        module_for_kernel = modinfo.get("on_disk_version") is not None
+        kernel_release = modinfo.get("kernel_release")
+        if module_for_kernel and kernel_release and driver["running_kernel"]:
+            module_for_kernel = kernel_release == driver["running_kernel"]
+        elif modinfo.get("not_found"):
+            module_for_kernel = False
+    evidence = {
+        "live": not capture,
+        "nvml_error": nvml_error,
+        "nvml_initialized": nvml_ok or smi is not None,
+        "module_found_for_running_kernel": module_for_kernel,
+        "running_kernel": driver["running_kernel"],
+    }
+    if not capture:
+        evidence["module_loaded"] = loaded is not None
+    if inputs.get("modules_find") is not None:
+        present = ds.nvidia_modules_by_kernel(inputs["modules_find"])
+        evidence["module_present_for"] = sorted(present)
+        driver["module_present_for"] = sorted(present)
+        if driver["running_kernel"]:
+            found = driver["running_kernel"] in present
+            if module_for_kernel is None or not found:
+                evidence["module_found_for_running_kernel"] = found
+    driver["state"], driver["state_reasons"] = ds.driver_state(
+        driver["userspace_version"], loaded, driver["on_disk_version"],
+        packages if packages_read else None, evidence)
+
+    _apply_pcie_links(inputs, facts)
+
+    # Kernel log
+    if kernel_log is not None:
+        parsed = kernel_log
+        events = parsed["events"]
+        _annotate_xids(events, facts["gpus"])
+        facts["xid_events"] = events
+        facts["xid_summary"] = summarize_xids(parsed)
+    else:
+        facts["xid_summary"] = summarize_xids([], rate_limited=False)
+        if inputs.get("kernel_log_error"):
+            facts["warnings"].append(inputs["kernel_log_error"])
+    return facts
