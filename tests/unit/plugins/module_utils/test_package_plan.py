@@ -1,0 +1,436 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The exact package transaction per distribution, the pins, and the field cases 11, 17, 18, 20, 21, 23, 24."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_plan as pp
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import (
+    kernel_release_from_uname,
+    nvidia_modules_by_kernel,
+    nvidia_packages_moved,
+    parse_apt_history,
+    parse_dpkg_l,
+    parse_fabricmanager_log,
+    parse_modinfo,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CASES = os.path.join(HERE, "..", "..", "..", "fixtures", "cases")
+
+
+def case(folder, name):
+    with open(os.path.join(CASES, folder, name)) as handle:
+        return handle.read()
+
+
+def installed(*pairs, held=True):
+    return [{"name": n, "version": v, "installed": True, "held": held} for n, v in pairs]
+
+
+def step(plan, name):
+    return [s for s in plan["steps"] if s["name"] == name][0]
+
+
+DEB_580 = ["nvidia-driver-cuda", "nvidia-kernel-open-dkms", "nvidia-kernel-support", "firmware-nvidia-gsp",
+           "libcuda1", "libnvidia-ml1", "nvidia-smi", "nvidia-persistenced"]
+
+
+def debian_repo(*versions, pins=("580", "595", "620"), extra=()):
+    repo = {}
+    for name in DEB_580 + ["nvidia-kernel-dkms", "nvidia-fabricmanager", "libnvidia-nscq"] + list(extra):
+        repo[name] = ["%s-1" % v for v in versions]
+    for branch in pins:
+        repo["nvidia-driver-pinning-%s" % branch] = ["%s-5" % branch]
+    return repo
+
+
+# --- names per distribution and branch generation -------------------------------------------
+
+
+def test_distribution_ids():
+    assert pp.distribution_id("Debian", "12") == "debian12"
+    assert pp.distribution_id("Ubuntu", "22", "22.04") == "ubuntu2204"
+    assert pp.distribution_id("Ubuntu", "24", "24.04") == "ubuntu2404"
+    assert pp.distribution_id("Rocky", "9") == "rhel9"
+    assert pp.distribution_id("RedHat", "8") == "rhel8"
+    with pytest.raises(pp.PlanError):
+        pp.distribution_id("Debian", "11")
+
+
+def test_generations_and_pinning_packages():
+    assert pp.generation("ubuntu2204", "580") == "suffixed"
+    assert pp.generation("ubuntu2404", "590") == "unsuffixed"
+    assert pp.generation("debian12", "535") == "unsuffixed"
+    assert pp.generation("rhel9", "620") == "module-stream"
+    assert pp.pin_package_name("ubuntu2404", "580") is None
+    assert pp.pin_package_name("ubuntu2404", "595") == "nvidia-driver-pinning-595"
+    assert pp.pin_package_name("debian12", "580") == "nvidia-driver-pinning-580"
+    assert pp.pin_package_name("debian12", "570") is None
+    assert pp.pin_package_name("rhel9", "620") is None
+
+
+def names(distribution, branch, flavour, fm=False):
+    return [p["name"] for p in pp.package_set(distribution, branch, flavour, fabric_manager=fm)]
+
+
+def test_ubuntu_suffixed_up_to_r580():
+    assert names("ubuntu2204", "580", "open", fm=True) == [
+        "libnvidia-compute-580", "nvidia-dkms-580-open", "nvidia-kernel-common-580", "nvidia-kernel-source-580-open",
+        "nvidia-firmware-580", "nvidia-utils-580", "nvidia-compute-utils-580", "nvidia-modprobe",
+        "nvidia-fabricmanager", "libnvidia-nscq"]
+    assert "nvidia-fabricmanager-570" in names("ubuntu2204", "570", "proprietary", fm=True)
+    assert "nvidia-dkms-570" in names("ubuntu2204", "570", "proprietary")
+
+
+def test_ubuntu_unsuffixed_with_pinning_package_from_r590():
+    assert names("ubuntu2404", "620", "open", fm=True) == [
+        "nvidia-driver-pinning-620", "libnvidia-compute", "nvidia-dkms-open", "nvidia-kernel-common",
+        "nvidia-kernel-source-open", "nvidia-firmware", "nvidia-utils", "nvidia-compute-utils", "nvidia-modprobe",
+        "nvidia-fabricmanager", "libnvidia-nscq"]
+
+
+def test_debian12_unsuffixed_names_and_old_fabric_manager_suffix():
+    assert names("debian12", "580", "proprietary") == ["nvidia-driver-pinning-580", "nvidia-driver-cuda",
+                                                       "nvidia-kernel-dkms", "nvidia-kernel-support",
+                                                       "firmware-nvidia-gsp", "libcuda1", "libnvidia-ml1",
+                                                       "nvidia-smi", "nvidia-persistenced"]
+    assert names("debian12", "570", "open", fm=True)[-2:] == ["nvidia-fabricmanager-570", "libnvidia-nscq-570"]
+
+
+def test_rhel_streams_and_names():
+    assert pp.module_stream("580", "open") == "580-open"
+    assert pp.module_stream("580", "proprietary") == "580-dkms"
+    assert names("rhel9", "620", "open", fm=True) == [
+        "nvidia-driver-cuda", "nvidia-driver-cuda-libs", "nvidia-kmod-common", "kmod-nvidia-open-dkms", "libnvidia-ml",
+        "nvidia-modprobe", "nvidia-persistenced", "nvidia-fabricmanager", "libnvidia-nscq"]
+    assert "kmod-nvidia-latest-dkms" in names("rhel8", "570", "proprietary", fm=True)
+    assert "nvidia-fabric-manager" in names("rhel8", "570", "proprietary", fm=True)
+    assert "libnvidia-nscq-570" in names("rhel8", "570", "proprietary", fm=True)
+
+
+@pytest.mark.parametrize("name,dist,old,new,expected", [
+    ("libnvidia-decode-570", "ubuntu2204", "570", "580", "libnvidia-decode-580"),
+    ("libnvidia-decode-580", "ubuntu2404", "580", "620", "libnvidia-decode"),
+    ("nvidia-dkms-580-open", "ubuntu2404", "580", "595", "nvidia-dkms-open"),
+    ("nvidia-headless-no-dkms-450-server", "ubuntu2204", "450", "460", "nvidia-headless-no-dkms-460-server"),
+    ("nvidia-fabricmanager-570", "debian12", "570", "580", "nvidia-fabricmanager"),
+    ("libnvidia-ml1", "debian12", "580", "620", "libnvidia-ml1"),
+])
+def test_rename_for_branch(name, dist, old, new, expected):
+    assert pp.rename_for_branch(name, dist, old, new) == expected
+
+
+# --- transactions ----------------------------------------------------------------------------
+
+
+def test_debian12_fresh_install_r620_with_fabric_manager():
+    repo = debian_repo("580.126.20", "580.159.03", "620.70.06")
+    plan = pp.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
+    assert plan["install"] == ["nvidia-driver-pinning-620=620-5"] + ["%s=620.70.06-1" % n for n in DEB_580] + [
+        "nvidia-fabricmanager=620.70.06-1", "libnvidia-nscq=620.70.06-1"]
+    assert plan["remove"] == [] and plan["unhold"] == []
+    assert [s["name"] for s in plan["steps"]] == ["write the origin pin", "write the pin file",
+                                                  "install the driver set", "hold the driver set"]
+    assert "Pin: version 620.70.06-*\nPin-Priority: 1001" in plan["preferences"]["content"]
+    assert "--allow-downgrades" not in step(plan, "install the driver set")["argv"]
+    assert plan["changes"]["install"] and not plan["changes"]["downgrade"]
+
+
+def test_fabric_manager_pinned_to_the_exact_driver_version_case_11():
+    """Field case 11: FM 590.48.01 beside driver 580.126.09 will not start; FM must be the same build."""
+    for text, fm, drv in [
+        (case("11-fabricmanager-driver-version-mismatch", "input-gpu-driver-container-735.log"), "590.48.01", "580.126.09"),
+        (case("11-fabricmanager-driver-version-mismatch", "input-gpu-operator-544.log"), "530.30.02", "530.41.03"),
+        (case("11-fabricmanager-driver-version-mismatch", "input-akash-website-632.log"), "550.127.05", "550.120"),
+    ]:
+        parsed = parse_fabricmanager_log(text)
+        assert (parsed["fm_interface_version"], parsed["driver_version"], parsed["matches"]) == (fm, drv, False)
+    repo = {
+        "libnvidia-compute-580": ["580.126.09-0ubuntu1"], "nvidia-dkms-580-open": ["580.126.09-0ubuntu1"],
+        "nvidia-kernel-common-580": ["580.126.09-0ubuntu1"], "nvidia-kernel-source-580-open": ["580.126.09-0ubuntu1"],
+        "nvidia-firmware-580": ["580.126.09-0ubuntu1"], "nvidia-utils-580": ["580.126.09-0ubuntu1"],
+        "nvidia-compute-utils-580": ["580.126.09-0ubuntu1"], "nvidia-modprobe": ["580.126.09-0ubuntu1", "590.48.01-0ubuntu1"],
+        "nvidia-fabricmanager": ["580.126.09-1", "590.48.01-1"], "libnvidia-nscq": ["580.126.09-1", "590.48.01-1"],
+    }
+    plan = pp.plan_transaction("ubuntu2204", "580", "580.126.09", "open", fabric_manager=True, available=repo)
+    assert "nvidia-fabricmanager=580.126.09-1" in plan["install"]
+    assert "libnvidia-nscq=580.126.09-1" in plan["install"]
+    assert "nvidia-fabricmanager" in plan["hold"]
+    assert "Pin: version 580.126.09-*" in plan["preferences"]["content"]
+    # no FM build of the driver version in the repository: refused, never a neighbouring build
+    del repo["nvidia-fabricmanager"][0]
+    with pytest.raises(pp.PlanError) as err:
+        pp.plan_transaction("ubuntu2204", "580", "580.126.09", "open", fabric_manager=True, available=repo)
+    assert err.value.code == "not_in_repository"
+    assert "nvidia-fabricmanager=580.126.09" in str(err.value)
+
+
+def test_second_run_is_a_noop():
+    repo = debian_repo("620.70.06")
+    first = pp.plan_transaction("debian12", "620", "620.70.06", "open", available=repo)
+    inst = installed(("nvidia-driver-pinning-620", "620-5"), *[(n, "620.70.06-1") for n in DEB_580])
+    again = pp.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo,
+                                current_preferences=first["preferences"]["content"])
+    assert again["install"] == [] and again["remove"] == [] and again["steps"] == []
+    assert again["noop"] is True
+
+
+def test_lost_hold_is_repinned_without_install():
+    repo = debian_repo("620.70.06")
+    first = pp.plan_transaction("debian12", "620", "620.70.06", "open", available=repo)
+    inst = installed(("nvidia-driver-pinning-620", "620-5"), *[(n, "620.70.06-1") for n in DEB_580])
+    inst[3]["held"] = False
+    plan = pp.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo,
+                               current_preferences=first["preferences"]["content"])
+    assert plan["install"] == [] and plan["changes"]["repin"] is True
+    assert [s["name"] for s in plan["steps"]] == ["write the origin pin", "write the pin file", "hold the driver set"]
+
+
+def test_minor_update_within_branch():
+    repo = debian_repo("580.126.20", "580.159.03")
+    inst = installed(("nvidia-driver-pinning-580", "580-5"), *[(n, "580.126.20-1") for n in DEB_580])
+    plan = pp.plan_transaction("debian12", "580", "580.159.03", "open", installed=inst, available=repo)
+    assert plan["install"] == ["%s=580.159.03-1" % n for n in DEB_580]
+    assert plan["changes"]["upgrade"] and not plan["changes"]["branch_change"]
+    assert step(plan, "release holds")["argv"][:2] == ["apt-mark", "unhold"]
+    assert [s["name"] for s in plan["steps"]] == ["release holds", "write the origin pin", "write the pin file",
+                                                  "install the driver set", "hold the driver set"]
+
+
+def test_branch_change_580_to_620_replaces_the_pinning_package():
+    repo = debian_repo("580.126.20", "620.70.06")
+    inst = installed(("nvidia-driver-pinning-580", "580-5"), *[(n, "580.126.20-1") for n in DEB_580])
+    plan = pp.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo)
+    assert plan["install"][0] == "nvidia-driver-pinning-620=620-5"
+    assert plan["remove"] == ["nvidia-driver-pinning-580"]
+    argv = step(plan, "install the driver set")["argv"]
+    assert argv[-1] == "nvidia-driver-pinning-580-"
+    assert plan["changes"]["branch_change"] and plan["changes"]["upgrade"]
+    assert "nvidia-driver-pinning-580" not in plan["hold"]
+
+
+def test_downgrade_620_to_580_allows_downgrades():
+    repo = debian_repo("580.126.20", "620.70.06")
+    inst = installed(("nvidia-driver-pinning-620", "620-5"), *[(n, "620.70.06-1") for n in DEB_580])
+    plan = pp.plan_transaction("debian12", "580", "580.126.20", "open", installed=inst, available=repo)
+    argv = step(plan, "install the driver set")["argv"]
+    assert "--allow-downgrades" in argv
+    assert "libnvidia-ml1=580.126.20-1" in argv and "nvidia-driver-pinning-620-" in argv
+    assert plan["changes"]["downgrade"] and plan["changes"]["branch_change"]
+    assert "Pin: version 580.126.20-*" in plan["preferences"]["content"]
+
+
+def test_flavour_change_removes_the_other_kernel_package():
+    repo = debian_repo("580.126.20")
+    inst = installed(*[(n, "580.126.20-1") for n in DEB_580 if n != "nvidia-kernel-open-dkms"] +
+                     [("nvidia-kernel-dkms", "580.126.20-1"), ("nvidia-driver-pinning-580", "580-5")])
+    plan = pp.plan_transaction("debian12", "580", "580.126.20", "open", installed=inst, available=repo)
+    assert plan["install"] == ["nvidia-kernel-open-dkms=580.126.20-1"]
+    assert plan["remove"] == ["nvidia-kernel-dkms"]
+    assert plan["changes"]["flavour_change"] is True
+
+
+def test_case_17_every_nvidia_package_held_and_blacklisted():
+    """Field case 17: unattended-upgrade moved libnvidia-common-460 460.56 → 460.73.01 under a loaded module."""
+    history = parse_apt_history(case("17-unattended-upgrade-libnvidia-nvml-mismatch", "input-apt-history.log"))
+    moved = nvidia_packages_moved(history[0])
+    assert history[0]["unattended"] is True and history[0]["start"] == "2021-04-24 06:50:54"
+    assert (moved[0]["name"], moved[0]["from_upstream"], moved[0]["to_upstream"]) == (
+        "libnvidia-common-460", "460.56", "460.73.01")
+    # Installed beside the set, libnvidia-common-580 is carried into the transaction and held too.
+    inst = installed(("libnvidia-compute-580", "580.126.09-0ubuntu1"), ("libnvidia-common-580", "580.126.09-0ubuntu1"),
+                     held=False)
+    repo = {n: ["580.126.20-1ubuntu1"] for n in names("ubuntu2204", "580", "open") + ["libnvidia-common-580"]}
+    plan = pp.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
+    assert "libnvidia-common-580=580.126.20-1ubuntu1" in plan["install"]
+    assert "libnvidia-common-580" in plan["hold"] and "libnvidia-compute-580" in plan["hold"]
+    assert "Package: nvidia-* libnvidia-* libcuda*" in plan["preferences"]["content"]
+    conf = pp.unattended_upgrades_config()
+    assert '    "libnvidia-";' in conf and '    "nvidia-";' in conf and '    "linux-image-";' in conf
+    assert conf.splitlines()[2] == "Unattended-Upgrade::Package-Blacklist {"
+
+
+def test_case_18_branch_change_requests_the_whole_new_branch_and_origin_pin():
+    """Field case 18: 450 → 460 must request every 460 package the 450 set had, holds released first."""
+    for name in ("input-pr11-cuda-drivers-pin.txt", "input-pr33-branch-450-to-460.txt"):
+        text = case("18-apt-held-broken-packages-driver-upgrade-ansible", name)
+        verdict = pp.classify_apt_failure(100, text, "E: Unable to correct problems, you have held broken packages.")
+        assert (verdict["kind"], verdict["retry"]) == ("dependency_conflict", False)
+    inst = installed(("libnvidia-compute-570", "570.172.08-0ubuntu1"), ("nvidia-dkms-570-open", "570.172.08-0ubuntu1"),
+                     ("nvidia-utils-570", "570.172.08-0ubuntu1"), ("libnvidia-decode-570", "570.172.08-0ubuntu1"),
+                     ("nvidia-headless-no-dkms-570-open", "570.172.08-0ubuntu1"))
+    repo = {n: ["580.126.20-1ubuntu1"] for n in names("ubuntu2204", "580", "open") +
+            ["libnvidia-decode-580", "nvidia-headless-no-dkms-580-open"]}
+    plan = pp.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
+    assert "libnvidia-decode-580=580.126.20-1ubuntu1" in plan["install"]
+    assert "nvidia-headless-no-dkms-580-open=580.126.20-1ubuntu1" in plan["install"]
+    assert sorted(plan["remove"]) == sorted(p["name"] for p in inst)
+    assert plan["unhold"] == sorted(p["name"] for p in inst)
+    assert [s["name"] for s in plan["steps"]][0] == "release holds"
+    assert plan["origin_preferences"]["content"].endswith("Package: *\nPin: release l=NVIDIA CUDA\nPin-Priority: 600\n")
+
+
+def test_case_18_package_without_counterpart_is_removed_not_left_behind():
+    inst = installed(("libnvidia-compute-570", "570.172.08-0ubuntu1"), ("libnvidia-extra-570", "570.172.08-0ubuntu1"))
+    repo = {n: ["580.126.20-1ubuntu1"] for n in names("ubuntu2204", "580", "open")}
+    plan = pp.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
+    assert "libnvidia-extra-570" in plan["remove"]
+    assert not any(i.startswith("libnvidia-extra") for i in plan["install"])
+
+
+def test_rhel9_fresh_install_enables_stream_and_locks_versions():
+    repo = {n: ["3:620.70.06-1.el9"] for n in names("rhel9", "620", "open", fm=True)}
+    plan = pp.plan_transaction("rhel9", "620", "620.70.06", "open", fabric_manager=True, available=repo)
+    argvs = [s["argv"] for s in plan["steps"]]
+    assert argvs[0] == ["dnf", "-y", "module", "enable", "nvidia-driver:620-open"]
+    assert argvs[1][-10:] == ["install"] + ["%s-620.70.06" % n for n in names("rhel9", "620", "open", fm=True)]
+    assert "--exclude" in argvs[1] and "kernel-core" in argvs[1]
+    assert argvs[2][:3] == ["dnf", "versionlock", "add"]
+    assert plan["versionlock"][0] == "nvidia-driver-cuda-3:620.70.06-1.el9.*"
+    assert "nvidia-fabricmanager-3:620.70.06-1.el9.*" in plan["versionlock"]
+    assert plan["module"] == {"name": "nvidia-driver", "stream": "620-open", "current": None, "reset": False}
+
+
+def test_case_21_stream_switch_resets_first():
+    """Field case 21: switching nvidia-driver streams is refused by dnf unless the module is reset first."""
+    text = case("21-dnf-module-stream-switch-and-kmod-conflict", "input-instructlab-3222-stream-switch.txt")
+    verdict = pp.classify_dnf_failure(text)
+    assert (verdict["kind"], verdict["from_stream"], verdict["to_stream"]) == ("stream_switch_refused", "XXX", "570-open")
+    inst = [{"name": n, "version": "3:580.126.20-1.el9", "installed": True} for n in names("rhel9", "580", "open")]
+    locks = ["%s-3:580.126.20-1.el9.*" % n for n in names("rhel9", "580", "open")]
+    repo = {n: ["3:580.126.20-1.el9", "3:620.70.06-1.el9"] for n in names("rhel9", "620", "open")}
+    plan = pp.plan_transaction("rhel9", "620", "620.70.06", "open", installed=inst, available=repo,
+                               current_stream="580-open", locked=locks)
+    steps = [s["argv"][:5] for s in plan["steps"]]
+    assert steps[0][:3] == ["dnf", "versionlock", "delete"]
+    assert steps[1] == ["dnf", "-y", "module", "reset", "nvidia-driver"]
+    assert steps[2] == ["dnf", "-y", "module", "enable", "nvidia-driver:620-open"]
+    assert plan["module"]["reset"] is True
+
+
+def test_case_21_precompiled_kmod_swapped_explicitly():
+    text = case("21-dnf-module-stream-switch-and-kmod-conflict", "input-precompiled-kmod-50-dkms-vs-precompiled.txt")
+    verdict = pp.classify_dnf_failure(text)
+    assert verdict["kind"] == "flavour_conflict"
+    assert verdict["packages"] == ["kmod-nvidia-555.42.02-4.18.0-553.5.1-3:555.42.02-3.el8_10.x86_64",
+                                   "kmod-nvidia-latest-dkms-3:555.42.02-1.el8.x86_64"]
+    inst = [{"name": "kmod-nvidia-555.42.02-4.18.0-553.5.1", "version": "3:555.42.02-3.el8_10", "installed": True},
+            {"name": "nvidia-driver-cuda", "version": "3:555.42.02-1.el8", "installed": True}]
+    plan = pp.plan_transaction("rhel8", "580", "580.126.20", "proprietary", installed=inst, current_stream="555")
+    assert plan["swap"] == [["kmod-nvidia-555.42.02-4.18.0-553.5.1", "kmod-nvidia-latest-dkms-580.126.20"]]
+    swap_step = step(plan, "swap the kernel module flavour")["argv"]
+    assert swap_step[-3:] == ["swap", "kmod-nvidia-555.42.02-4.18.0-553.5.1", "kmod-nvidia-latest-dkms-580.126.20"]
+    assert not any("--allowerasing" in s.get("argv", []) for s in plan["steps"])
+    assert plan["changes"]["flavour_change"] is True
+    assert step(plan, "reset the module stream")["argv"] == ["dnf", "-y", "module", "reset", "nvidia-driver"]
+    depsolve = pp.classify_dnf_failure(case("21-dnf-module-stream-switch-and-kmod-conflict",
+                                            "input-stackhpc-496-depsolve.txt"))
+    assert depsolve["kind"] == "depsolve_conflict"
+    assert depsolve["packages"] == ["cuda-12-6-12.6.3-1.x86_64", "cuda-runtime-12-6 >= 12.6.3"]
+
+
+def test_rhel_downgrade_uses_dnf_downgrade():
+    inst = [{"name": n, "version": "3:620.70.06-1.el9", "installed": True} for n in names("rhel9", "620", "open")]
+    plan = pp.plan_transaction("rhel9", "580", "580.126.20", "open", installed=inst, current_stream="620-open")
+    dg = step(plan, "downgrade the driver set")["argv"]
+    assert dg[-len(names("rhel9", "580", "open")):] == ["%s-580.126.20" % n for n in names("rhel9", "580", "open")]
+    assert plan["changes"]["downgrade"] is True
+
+
+def test_case_20_kernel_held_for_missing_precompiled_kmod_is_expected():
+    """Field case 20: dnf skipped kernel 4.18.0-348.23.1.el8_5 for want of kmod-nvidia-510.47.03-... : expected."""
+    v = pp.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod", "input-kmod-33-dnf-update.txt"))
+    assert v["verdict"] == "kernel_held_expected"
+    assert (v["driver_version"], v["candidate_kernel"], v["kmod_package"]) == (
+        "510.47.03", "4.18.0-348.23.1.el8_5", "kmod-nvidia-510.47.03-4.18.0-348.23.1")
+    v = pp.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod", "input-kmod-53-dnf-nvidia-plugin.txt"))
+    assert v["verdict"] == "kernel_held_expected"
+    assert v["candidate_kernel"] == "4.18.0-553.16.1.el8_10"
+    assert len(v["excluded_packages"]) == 17
+    v = pp.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod",
+                                         "input-nvidia-plugin-12-security-upgrade.txt"))
+    assert v["verdict"] == "kernel_blocker_failure"
+    assert v["error_text"] == "local variable 'kmod_pkg_name' referenced before assignment"
+
+
+def test_case_23_module_on_disk_older_than_userspace_is_broken():
+    modinfo = parse_modinfo(case("23-dkms-module-older-than-userspace-api-mismatch", "input-nvidia-all-394-modinfo.txt"))
+    v = pp.verify_module_build("595.84", modinfo["on_disk_version"], modinfo["kernel_release"])
+    assert (v["verdict"], v["found"], v["running_kernel"]) == ("broken", "595.80", "7.0.12-zen1-1-zen")
+    assert "a reboot would load the wrong module" in v["message"]
+    assert pp.verify_module_build("595.71.05", "595.58.03")["verdict"] == "broken"
+    assert pp.verify_module_build("620.70.06", "620.70.06")["verdict"] == "ok"
+
+
+def test_case_24_no_module_for_running_kernel():
+    text = case("24-no-module-for-running-kernel-after-kernel-update", "input.txt")
+    running = kernel_release_from_uname([line for line in text.splitlines() if line.startswith("Linux ")][0])
+    modules = nvidia_modules_by_kernel(text)
+    v = pp.verify_module_build("375.39", None, running, modules)
+    assert v["verdict"] == "not_built_for_running_kernel"
+    assert (v["running_kernel"], v["module_present_for"]) == ("3.13.0-116-generic", ["3.13.0-88-generic"])
+
+
+def test_kernel_hold_packages_debian_and_ubuntu():
+    deb = pp.kernel_hold_packages("6.1.0-28-amd64", ["linux-image-6.1.0-28-amd64", "linux-image-amd64",
+                                                     "linux-headers-6.1.0-28-amd64", "linux-headers-6.1.0-28-common",
+                                                     "linux-headers-amd64", "linux-kbuild-6.1", "nvidia-smi"])
+    assert deb["hold"] == ["linux-headers-6.1.0-28-amd64", "linux-headers-6.1.0-28-common", "linux-headers-amd64",
+                           "linux-image-6.1.0-28-amd64", "linux-image-amd64", "linux-kbuild-6.1"]
+    ubu = pp.kernel_hold_packages("6.8.0-45-generic", ["linux-image-6.8.0-45-generic", "linux-modules-6.8.0-45-generic",
+                                                       "linux-generic", "linux-image-generic", "linux-headers-generic",
+                                                       "linux-image-6.8.0-40-generic"])
+    assert ubu["hold"] == ["linux-generic", "linux-headers-generic", "linux-image-6.8.0-45-generic",
+                           "linux-image-generic", "linux-modules-6.8.0-45-generic"]
+    rhel = pp.kernel_hold_packages("5.14.0-427.13.1.el9_4.x86_64", ["kernel", "kernel-core", "kernel-modules", "bash"],
+                                   "dnf")
+    assert rhel["versionlock"] == ["kernel-5.14.0-427.13.1.el9_4", "kernel-core-5.14.0-427.13.1.el9_4",
+                                   "kernel-modules-5.14.0-427.13.1.el9_4"]
+
+
+def test_madison_and_dnf_list_parsers():
+    madison = ("nvidia-driver-cuda | 620.70.06-1 | http://127.0.0.1:8080 ./ Packages\n"
+               "nvidia-driver-cuda | 580.126.20-1 | http://127.0.0.1:8080 ./ Packages\n"
+               "libnvidia-ml1 | 580.126.20-1 | http://127.0.0.1:8080 ./ Packages\n")
+    found = pp.parse_apt_cache_madison(madison)
+    assert found["nvidia-driver-cuda"] == ["620.70.06-1", "580.126.20-1"]
+    assert pp.driver_versions_available(found, ["libnvidia-ml1", "nvidia-driver-cuda"]) == ["580.126.20", "620.70.06"]
+    dnf = ("Available Packages\n"
+           "nvidia-driver-cuda.x86_64   3:580.126.20-1.el9   cuda-rhel9-x86_64\n"
+           "nvidia-driver-cuda.x86_64   3:620.70.06-1.el9    cuda-rhel9-x86_64\n")
+    assert pp.parse_dnf_list(dnf) == {"nvidia-driver-cuda": ["3:580.126.20-1.el9", "3:620.70.06-1.el9"]}
+
+
+def test_dpkg_records_feed_the_plan():
+    dpkg = ("Desired=Unknown/Install/Remove/Purge/Hold\n"
+            "||/ Name            Version      Architecture Description\n"
+            "+++-===============-============-============-=================\n"
+            "hi  libnvidia-ml1   580.126.20-1 amd64        NVML\n"
+            "hi  nvidia-smi      580.126.20-1 amd64        smi\n")
+    plan = pp.plan_transaction("debian12", "580", "580.159.03", "open", installed=parse_dpkg_l(dpkg),
+                               available=debian_repo("580.126.20", "580.159.03"))
+    assert plan["current_version"] == "580.126.20"
+    assert plan["unhold"] == ["libnvidia-ml1", "nvidia-smi"]
+
+
+def test_local_facts_history_and_last_known_good():
+    facts = pp.update_local_facts(None, "580.126.20", "580", "2026-11-29T10:00:00Z", "install")
+    assert facts["current"]["version"] == "580.126.20" and facts["last_known_good"] is None
+    facts = pp.update_local_facts(facts, "580.126.20", "580", "2026-11-29T11:00:00Z", "known_good",
+                                  verified_good="580.126.20")
+    assert facts["last_known_good"]["version"] == "580.126.20"
+    facts = pp.update_local_facts(facts, "620.70.06", "620", "2026-11-30T10:00:00Z", "branch_change")
+    assert facts["current"]["version"] == "620.70.06"
+    assert facts["previous"]["version"] == "580.126.20"
+    assert facts["last_known_good"]["version"] == "580.126.20"
+    assert [(h["action"], h["from"], h["to"]) for h in facts["history"]] == [
+        ("install", None, "580.126.20"), ("known_good", "580.126.20", "580.126.20"),
+        ("branch_change", "580.126.20", "620.70.06")]
+    same = pp.update_local_facts(facts, "620.70.06", "620", "2026-11-30T11:00:00Z", "install")
+    assert same["history"] == facts["history"]
