@@ -983,3 +983,58 @@ def update_local_facts(previous: Optional[Dict[str, Any]], version: str, branch:
         history.append({"time": when, "action": "known_good", "from": from_version, "to": version})
     result["history"] = history[-history_limit:]
     return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Repository signing key
+# ---------------------------------------------------------------------------------------------
+
+
+def normalize_fingerprint(value: Any) -> str:
+    """``"a1b2 C3D4 ..."`` → ``"A1B2C3D4..."`` (upper case, no spaces or ``0x``)."""
+    text = re.sub(r"\s+", "", str(value or "")).upper()
+    return text[2:] if text.startswith("0X") else text
+
+
+def gpg_primary_fingerprints(colons: Optional[str]) -> List[str]:
+    """Primary-key fingerprints in ``gpg --show-keys --with-colons`` output (gpg(1), DETAILS:
+    a ``pub`` record is followed by its ``fpr`` record, field 10 the fingerprint; ``sub``
+    records and their ``fpr`` are subkeys and are skipped).
+
+    :returns: upper-case fingerprints in file order.
+    """
+    found = []
+    expect = False
+    for line in (colons or "").splitlines():
+        fields = line.split(":")
+        if fields[0] == "pub":
+            expect = True
+        elif fields[0] == "sub":
+            expect = False
+        elif fields[0] == "fpr" and expect and len(fields) > 9:
+            found.append(fields[9].upper())
+            expect = False
+    return found
+
+
+def check_signing_key(colons: Optional[str], expected: Any) -> Dict[str, Any]:
+    """Verify that a repository key file holds exactly the expected primary key.
+
+    :param colons: ``gpg --show-keys --with-colons`` output for the key file.
+    :param expected: the fingerprint the operator pinned (``driver_apt_key_fingerprint``).
+    :returns: ``{"ok": bool, "expected": str, "found": [str], "message": str}``; ``ok`` only when
+        the file holds one primary key and it is the expected one (a file that adds other keys
+        is refused too: it would widen trust).
+    """
+    want = normalize_fingerprint(expected)
+    found = gpg_primary_fingerprints(colons)
+    ok = bool(want) and found == [want]
+    if ok:
+        message = "repository key %s verified" % want
+    elif not want:
+        message = "no fingerprint pinned for the repository key (driver_apt_key_fingerprint)"
+    elif want not in found:
+        message = "the repository key has fingerprint %s, not the pinned %s" % (", ".join(found) or "none", want)
+    else:
+        message = "the repository key file holds more keys than the pinned one: %s" % ", ".join(found)
+    return {"ok": ok, "expected": want, "found": found, "message": message}

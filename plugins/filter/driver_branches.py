@@ -1,0 +1,142 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller-side filters for NVIDIA driver branches, versions and CUDA compatibility.
+
+Thin wrappers over ``module_utils.branch_catalog`` and ``module_utils.package_plan``; each
+filter's documentation is in the ``<filter>.yml`` file beside this one.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog as bc
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_plan as pp
+
+
+def _catalog(catalog):
+    if catalog is None:
+        return bc.get_catalog()
+    if not isinstance(catalog, dict) or "branches" not in catalog:
+        raise AnsibleFilterError("catalog must be the result of gpufleet.nvidia.driver_branch_catalog")
+    return catalog
+
+
+def _today(today):
+    return today or datetime.date.today().isoformat()
+
+
+def driver_resolve(gpus, branch="ltsb", version=None, kernel_module_type="auto", allow_eol=False, today=None,
+                   available_versions=None, declared_architectures=None, catalog=None, node=None):
+    """Resolve a driver request to one exact version for the GPUs given (see branch_catalog.resolve_driver)."""
+    try:
+        return bc.resolve_driver(_catalog(catalog), branch=branch, gpus=gpus or [], today=_today(today),
+                                 version=version or None, kernel_module_type=kernel_module_type,
+                                 available_versions=available_versions, allow_eol=bool(allow_eol), node=node,
+                                 declared_architectures=declared_architectures)
+    except bc.ResolutionError as exc:
+        raise AnsibleFilterError(exc.message)
+
+
+def cuda_min_driver(toolkit, mode="toolkit"):
+    """CUDA toolkit version → minimum driver version (mode toolkit) or branch (mode minor)."""
+    try:
+        return bc.cuda_minimum_driver(toolkit, mode=mode)["minimum_driver"]
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def driver_supports_cuda(driver_version, toolkit):
+    """True when the driver meets the toolkit's minimum driver version."""
+    try:
+        return bc.driver_supports_cuda(str(driver_version), toolkit)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def driver_branch(version):
+    """Driver version → branch, ``580.126.20`` → ``580``; a branch stays a branch (``R580`` → ``580``)."""
+    branch = bc.parse_branch(version)
+    if branch is not None:
+        return branch
+    try:
+        return bc.branch_of_version(str(version))
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def driver_branch_info(branch, catalog=None, today=None):
+    """Catalog entry of a branch with its end-of-life status on ``today``."""
+    cat = _catalog(catalog)
+    try:
+        info = dict(bc.branch_info(cat, branch))
+        info.update(bc.eol_status(cat, branch, _today(today)))
+    except bc.ResolutionError as exc:
+        raise AnsibleFilterError(exc.message)
+    info["branch"] = bc.parse_branch(branch)
+    info["catalog_as_of"] = cat.get("as_of")
+    return info
+
+
+def driver_branch_catalog(releases=None, retrieved=None, source=None):
+    """The built-in catalog, refreshed from a copy of NVIDIA's releases.json when given."""
+    if releases is None or releases == "":
+        return bc.get_catalog()
+    try:
+        return bc.refresh_from_releases(releases, retrieved=retrieved, source=source)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc))
+
+
+def driver_distribution(facts):
+    """``ansible_facts`` → ``debian12``, ``ubuntu2204``, ``ubuntu2404``, ``rhel8`` or ``rhel9``."""
+    facts = facts or {}
+    try:
+        return pp.distribution_id(facts.get("distribution"), facts.get("distribution_major_version"),
+                                  facts.get("distribution_version"))
+    except pp.PlanError as exc:
+        raise AnsibleFilterError(exc.message)
+
+
+def driver_apt_failure(result):
+    """Classify a failed apt-get result (``rc``, ``stdout``, ``stderr``): field case 18."""
+    result = result or {}
+    return pp.classify_apt_failure(result.get("rc"), result.get("stdout", ""), result.get("stderr", ""))
+
+
+def driver_signing_key(colons, fingerprint):
+    """Check ``gpg --show-keys --with-colons`` output against the pinned fingerprint."""
+    return pp.check_signing_key(colons, fingerprint)
+
+
+def driver_local_facts(previous, version, branch, when, action, verified_good=None, kernel_module_type=None):
+    """Next content of the driver's local facts: current, previous, last known-good, history."""
+    return pp.update_local_facts(previous or {}, str(version), str(branch), str(when), str(action),
+                                 verified_good=verified_good or None, kernel_module_type=kernel_module_type)
+
+
+def driver_unattended_upgrades_config(extra=None):
+    """apt.conf snippet: Unattended-Upgrade::Package-Blacklist for the kernel and NVIDIA packages."""
+    return pp.unattended_upgrades_config(extra or [])
+
+
+class FilterModule(object):
+    """NVIDIA driver branch filters."""
+
+    def filters(self):
+        return {
+            "driver_resolve": driver_resolve,
+            "cuda_min_driver": cuda_min_driver,
+            "driver_supports_cuda": driver_supports_cuda,
+            "driver_branch": driver_branch,
+            "driver_branch_info": driver_branch_info,
+            "driver_branch_catalog": driver_branch_catalog,
+            "driver_distribution": driver_distribution,
+            "driver_apt_failure": driver_apt_failure,
+            "driver_signing_key": driver_signing_key,
+            "driver_local_facts": driver_local_facts,
+            "driver_unattended_upgrades_config": driver_unattended_upgrades_config,
+        }
