@@ -377,6 +377,14 @@ APT_PIN_GLOBS = ("nvidia-*", "libnvidia-*", "libcuda*", "libnvcuvid*", "libnvopt
                  "cuda-drivers*", "xserver-xorg-video-nvidia*", "libxnvctrl*", "libnvsdm*")
 
 
+def installed_driver_version(installed: Optional[Iterable[Dict[str, Any]]]) -> Optional[str]:
+    """The driver version most installed driver packages carry (pinning packages aside), or ``None``.
+
+    :param installed: records from ``driver_state.parse_dpkg_l`` / ``parse_rpm_qa``.
+    """
+    return _installed_driver_version(_installed_map(installed))
+
+
 def apt_preferences(names: Iterable[str], version: str, branch: str) -> str:
     """Content of the apt preferences file that pins the driver set at one version.
 
