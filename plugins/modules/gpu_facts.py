@@ -12,7 +12,7 @@ module: gpu_facts
 short_description: NVIDIA driver and GPU state as facts, read through NVML
 version_added: "0.1.0"
 description:
-  - Returns C(ansible_facts.nvidia), one document whatever the source: the three driver versions
+  - Returns C(ansible_facts.nvidia), one document whatever the source, with the three driver versions
     (userspace library, loaded kernel module, module on disk for the running kernel), the driver
     state verdict, installed NVIDIA packages with their hold state, every GPU (identity, power
     limits, persistence, compute mode, ECC mode and counters, row remapping, retired pages, MIG,
@@ -21,7 +21,7 @@ description:
   - Reads GPUs through NVML (the C(pynvml) module of the nvidia-ml-py package) when it can be
     imported, else parses C(nvidia-smi -q -x). Each field is read on its own; a field a GPU does not
     support is V(null) and listed in C(unsupported), never a failure.
-  - NVML's "Driver/library version mismatch" is evidence for C(driver.state=reboot_pending); the
+  - NVML's "Driver/library version mismatch" is evidence for C(driver.state=reboot_pending), and the
     module still returns everything it can read without NVML.
   - With O(capture_dir) the module reads a captured support bundle instead of the live host, for
     offline triage.
@@ -74,7 +74,7 @@ seealso:
     description: NVIDIA's catalog of Xid error codes.
     link: https://docs.nvidia.com/deploy/xid-errors/
 author:
-  - gpufleet.nvidia contributors
+  - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts

@@ -23,7 +23,7 @@ def ansible_gpu_facts(args):
          "-m", "gpufleet.nvidia.gpu_facts", "-a", args],
         env=env, capture_output=True, text=True, timeout=300, check=False)
     # The default callback prints "localhost | SUCCESS => {...}" (or FAILED!) with JSON after "=>".
-    _, _, payload = proc.stdout.partition("=>")
+    payload = proc.stdout.partition("=>")[2]
     assert payload, proc.stdout + proc.stderr
     return proc.returncode, json.loads(payload)
 
