@@ -123,6 +123,29 @@ def driver_unattended_upgrades_config(extra=None):
     return pp.unattended_upgrades_config(extra or [])
 
 
+def driver_repository(distribution, url=None, fingerprint=None, suite="/", components=None,
+                      fingerprint_in_sources=True):
+    """Repository files for a distribution: apt sources line and keyring, or the dnf .repo file."""
+    try:
+        return pp.repository_config(distribution, url=url or None, fingerprint=fingerprint or None,
+                                    suite=suite or "/", components=components or [],
+                                    fingerprint_in_sources=bool(fingerprint_in_sources))
+    except pp.PlanError as exc:
+        raise AnsibleFilterError(exc.message)
+
+
+def driver_verify_module(target_version, modinfo_output, running_kernel=None):
+    """Compare the module on disk for the running kernel with the driver installed (cases 23, 24)."""
+    text = (modinfo_output or "").strip()
+    found = text.splitlines()[0].strip() if text and bc.is_version(text.splitlines()[0].strip()) else None
+    return pp.verify_module_build(str(target_version), found, running_kernel)
+
+
+def driver_kernel_hold(installed, running_kernel, package_manager="apt"):
+    """Kernel packages to hold for the running kernel (image, headers, meta packages)."""
+    return pp.kernel_hold_packages(str(running_kernel), installed or [], package_manager)
+
+
 class FilterModule(object):
     """NVIDIA driver branch filters."""
 
@@ -139,4 +162,7 @@ class FilterModule(object):
             "driver_signing_key": driver_signing_key,
             "driver_local_facts": driver_local_facts,
             "driver_unattended_upgrades_config": driver_unattended_upgrades_config,
+            "driver_repository": driver_repository,
+            "driver_verify_module": driver_verify_module,
+            "driver_kernel_hold": driver_kernel_hold,
         }

@@ -22,7 +22,8 @@ def test_filter_names():
     assert sorted(F) == sorted([
         "driver_resolve", "cuda_min_driver", "driver_supports_cuda", "driver_branch", "driver_branch_info",
         "driver_branch_catalog", "driver_distribution", "driver_apt_failure", "driver_signing_key",
-        "driver_local_facts", "driver_unattended_upgrades_config"])
+        "driver_local_facts", "driver_unattended_upgrades_config", "driver_repository", "driver_verify_module",
+        "driver_kernel_hold"])
 
 
 def test_driver_resolve_h100_and_v100():
@@ -97,3 +98,15 @@ def test_local_facts_and_blacklist():
                                 "since": "2026-11-29T10:00:00Z"}
     conf = F["driver_unattended_upgrades_config"](["cuda-toolkit-"])
     assert '    "cuda-toolkit-";' in conf
+
+
+def test_repository_verify_and_kernel_hold():
+    repo = F["driver_repository"]("debian12", "http://127.0.0.1:8080/n1/debian12/x86_64/", "ab cd")
+    assert repo["sources_content"].splitlines()[1] == (
+        "deb [signed-by=/etc/apt/keyrings/gpufleet-nvidia-driver.asc,ABCD] http://127.0.0.1:8080/n1/debian12/x86_64/ /")
+    assert F["driver_verify_module"]("620.70.06", "620.70.06\n")["verdict"] == "ok"
+    assert F["driver_verify_module"]("595.84", "595.80\n", "7.0.12-zen1-1-zen")["verdict"] == "broken"
+    assert F["driver_verify_module"]("620.70.06", "modinfo: ERROR: Module nvidia not found.\n")["verdict"] == (
+        "not_built_for_running_kernel")
+    hold = F["driver_kernel_hold"](["linux-image-6.1.0-28-amd64", "linux-image-amd64", "bash"], "6.1.0-28-amd64")
+    assert hold["hold"] == ["linux-image-6.1.0-28-amd64", "linux-image-amd64"]

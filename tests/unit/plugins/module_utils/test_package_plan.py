@@ -434,3 +434,29 @@ def test_local_facts_history_and_last_known_good():
         ("branch_change", "580.126.20", "620.70.06")]
     same = pp.update_local_facts(facts, "620.70.06", "620", "2026-11-30T11:00:00Z", "install")
     assert same["history"] == facts["history"]
+
+
+@pytest.mark.parametrize("dist,url,line", [
+    ("debian12", None, "deb [signed-by=/etc/apt/keyrings/gpufleet-nvidia-driver.asc,"
+     "EB693B3035CD5710E231E123A4B469963BF863CC] "
+     "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/ /"),
+    ("ubuntu2204", None, "deb [signed-by=/etc/apt/keyrings/gpufleet-nvidia-driver.asc,"
+     "EB693B3035CD5710E231E123A4B469963BF863CC] "
+     "https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2204/x86_64/ /"),
+    ("ubuntu2404", "http://mirror.example/cuda/ubuntu2404/x86_64", "deb [signed-by=/etc/apt/keyrings/"
+     "gpufleet-nvidia-driver.asc,EB693B3035CD5710E231E123A4B469963BF863CC] http://mirror.example/cuda/ubuntu2404/x86_64/ /"),
+])
+def test_apt_repository_config(dist, url, line):
+    cfg = pp.repository_config(dist, url=url)
+    assert cfg["sources_content"].splitlines()[1] == line
+    assert "trusted=yes" not in cfg["sources_content"]
+    assert cfg["key_url"].endswith("/3bf863cc.pub")
+
+
+@pytest.mark.parametrize("dist", ["rhel8", "rhel9"])
+def test_dnf_repository_config(dist):
+    cfg = pp.repository_config(dist)
+    assert cfg["fingerprint"] == "610C7B14E068A878070DA4E99CD0A493D42D0685"
+    assert cfg["key_url"] == "https://developer.download.nvidia.com/compute/cuda/repos/%s/x86_64/D42D0685.pub" % dist
+    assert "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/%s/x86_64/\n" % dist in cfg["repo_content"]
+    assert "gpgcheck=1\ngpgkey=file:///etc/pki/rpm-gpg/gpufleet-nvidia-driver.asc\n" in cfg["repo_content"]
