@@ -580,7 +580,7 @@ def diff_view(plan: Dict[str, Any], after_gpus: Optional[List[Dict[str, Any]]] =
         key = "gpu%s" % gpu_plan["index"]
         seen = gpu_plan["before"]
         managed = [setting for setting in SETTINGS if setting in gpu_plan["wanted"]]
-        before[key] = {setting: _diff_value(seen, setting) for setting in managed}
+        before[key] = {setting: diff_value(seen, setting) for setting in managed}
         if after_gpus is None:
             projected = dict(before[key])
             for change in gpu_plan["changes"]:
@@ -588,11 +588,17 @@ def diff_view(plan: Dict[str, Any], after_gpus: Optional[List[Dict[str, Any]]] =
             after[key] = projected
         else:
             read_back = observed(by_index.get(gpu_plan["index"], {"power": {}, "ecc": {}}))
-            after[key] = {setting: _diff_value(read_back, setting) for setting in managed}
+            after[key] = {setting: diff_value(read_back, setting) for setting in managed}
     return before, after
 
 
-def _diff_value(seen: Dict[str, Any], setting: str) -> Any:
+def diff_value(seen: Dict[str, Any], setting: str) -> Any:
+    """The value of a setting as the diff and results show it: ECC as its pending value when known.
+
+    :param seen: the result of :func:`observed`.
+    :param setting: one of :data:`SETTINGS`.
+    """
     if setting == "ecc_mode" and seen.get("ecc_mode_pending") is not None:
         return seen["ecc_mode_pending"]
     return seen.get(setting)
+

@@ -33,11 +33,18 @@ Functions whose purpose is I/O say so; the rest are pure.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import normalize_pci_bus_id
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import error_name
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_policy_plan import (
+    diff_value,
+    observed,
+    policy_report,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_plan import current_layout, format_layout
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import error_name, read_gpu
 
 # NVML error name (as nvml_reader.error_name gives it) → outcome.
 ERROR_OUTCOMES = {
@@ -95,7 +102,7 @@ def setter_result(
     after: Any,
     error: Optional[str] = None,
     called: bool = True,
-    pending_after: Any = None,
+    current_after: Any = None,
     pending_requires: Optional[str] = None,
     enforced_after: Any = None,
 ) -> Dict[str, Any]:
@@ -109,7 +116,7 @@ def setter_result(
         could not be read.
     :param error: NVML error name raised by the setter, or ``None``.
     :param called: ``False`` when no setter was called (already as wanted).
-    :param pending_after: for settings with current/pending values, the *current* value read back;
+    :param current_after: for settings with current/pending values, the *current* value read back;
         when ``after`` (pending) equals ``wanted`` but this differs, the result is pending.
     :param pending_requires: ``"reboot"`` (ECC) or ``"reset"`` (MIG) for the pending case.
     :param enforced_after: for the power limit, the enforced limit read back (watts); when it differs
@@ -140,10 +147,10 @@ def setter_result(
         result["status"] = "failed"
         result["message"] = "%s: the setter reported success but reads back %r, not %r" % (setting, after, wanted)
         return result
-    if pending_requires is not None and pending_after is not None and not _same(pending_after, wanted):
+    if pending_requires is not None and current_after is not None and not _same(current_after, wanted):
         result["status"] = "pending_%s" % pending_requires
         result["message"] = "%s: %r is pending; in effect after a %s (current %r)" % (
-            setting, wanted, "reboot" if pending_requires == "reboot" else "GPU reset", pending_after)
+            setting, wanted, "reboot" if pending_requires == "reboot" else "GPU reset", current_after)
         return result
     if enforced_after is not None and not _same(enforced_after, wanted):
         result["status"] = "not_in_effect"
@@ -174,7 +181,7 @@ def call_setter(nvml: Any, func_name: str, *args: Any) -> Optional[str]:
         func(*args)
     except Exception as err:  # pylint: disable=broad-except
         if base is not None and isinstance(err, base):
-            return error_name(nvml, err)
+            return _error_name(nvml, err)
         raise
     return None
 
@@ -325,3 +332,562 @@ def first_fatal(results: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
             return result
     return None
 
+
+
+def assess_policy(plan: Dict[str, Any], after_gpus: List[Dict[str, Any]],
+                  errors: Dict[str, Optional[str]]) -> Dict[str, Any]:
+    """Judge what a run did, from the plan, the setters' errors and the values read back.
+
+    ``changed`` comes from the read-back only (``nvml_setters.setter_result``): a setter that
+    reported success while the value did not move is ``failed``, never ``changed``.
+
+    :param plan: the result of :func:`plan_policy`.
+    :param after_gpus: the node's GPU records read after the setters ran.
+    :param errors: ``{"<index>/<setting>": NVML error name or None}`` as
+        ``nvml_setters.apply_policy_plan`` returns it; a planned change with no key was not
+        attempted (the run stopped before it).
+    :returns: ``{"gpus": [{index, uuid, pci_bus_id, name, results: [setter result + index],
+        changed, report}], "changed": bool, "results": [all results], "reset_required": bool,
+        "reboot_required": bool}``; ``report`` is :func:`policy_report` of the read-back.
+    """
+    by_index = {gpu.get("index"): gpu for gpu in after_gpus}
+    gpus = []
+    everything = []
+    for gpu_plan in plan["gpus"]:
+        index = gpu_plan["index"]
+        gpu_after = by_index.get(index) or {"power": {}, "ecc": {}, "index": index}
+        seen = observed(gpu_after)
+        results = []
+        changed_settings = set()
+        for change in gpu_plan["changes"]:
+            setting = change["setting"]
+            changed_settings.add(setting)
+            key = "%s/%s" % (index, setting)
+            if key not in errors:
+                result = {"setting": setting, "wanted": change["after"], "before": change["before"],
+                          "after": diff_value(seen, setting), "changed": False, "status": "not_attempted",
+                          "message": "%s: not attempted, the run stopped at an earlier error" % setting}
+            elif setting == "power_limit_w":
+                result = setter_result(setting, change["after"], change["before"], seen["power_limit_w"],
+                                       error=errors[key], enforced_after=seen["enforced_power_limit_w"])
+            elif setting == "ecc_mode":
+                result = setter_result(setting, change["after"], change["before"], diff_value(seen, setting),
+                                       error=errors[key], current_after=seen["ecc_mode"], pending_requires="reboot")
+            else:
+                result = setter_result(setting, change["after"], change["before"], seen[setting], error=errors[key])
+            results.append(result)
+        for setting, value in gpu_plan["wanted"].items():
+            if setting in changed_settings:
+                continue
+            if setting in gpu_plan["unsupported"]:
+                status, message = "unsupported", "%s: not supported on this GPU; skipped" % setting
+            elif any(entry["setting"] == setting for entry in gpu_plan["not_in_effect"]):
+                status = "not_in_effect"
+                message = "%s: %s" % (setting, [entry for entry in gpu_plan["not_in_effect"]
+                                                if entry["setting"] == setting][0]["reason"])
+            elif any(entry["setting"] == setting for entry in gpu_plan["pending"]):
+                status, message = "pending_reboot", "%s: already pending; in effect after the next reboot" % setting
+            else:
+                status, message = "ok", ""
+            results.append({"setting": setting, "wanted": value, "before": diff_value(gpu_plan["before"], setting),
+                            "after": diff_value(seen, setting), "changed": False, "status": status,
+                            "message": message})
+        for result in results:
+            result["index"] = index
+        everything.extend(results)
+        report = policy_report(plan["policy"], gpu_after) if by_index.get(index) else None
+        gpus.append({
+            "index": index,
+            "uuid": gpu_plan["uuid"],
+            "pci_bus_id": gpu_plan["pci_bus_id"],
+            "name": gpu_plan["name"],
+            "results": results,
+            "changed": any(result["changed"] for result in results),
+            "report": report,
+        })
+    return {
+        "gpus": gpus,
+        "results": everything,
+        "changed": any(gpu["changed"] for gpu in gpus),
+        "reset_required": any(gpu["report"] and gpu["report"]["reset_required"] for gpu in gpus),
+        "reboot_required": any(gpu["report"] and (gpu["report"]["reboot_required"] or gpu["report"]["pending"])
+                               for gpu in gpus),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# NVML I/O: the functions below call NVML (they take the pynvml module as their first argument).
+# ---------------------------------------------------------------------------------------------
+
+# nvmlComputeMode_t values (nvml.h); the policy's names are gpu_policy_plan.COMPUTE_MODES.
+_COMPUTE_MODE_VALUES = {"default": 0, "prohibited": 2, "exclusive_process": 3}
+
+# GPU-instance slice count → NVML_COMPUTE_INSTANCE_PROFILE_* (nvml.h): a MIG device as mig-parted
+# makes it is one compute instance spanning its whole GPU instance.
+_CI_PROFILE_BY_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
+
+
+def _nvml_error(nvml: Any, err: BaseException) -> Optional[str]:
+    base = getattr(nvml, "NVMLError", None)
+    if isinstance(err, AttributeError) or (base is not None and isinstance(err, base)):
+        return _error_name(nvml, err)
+    return None
+
+
+def _error_name(nvml: Any, err: BaseException) -> str:
+    """``nvml_reader.error_name``, completed by pynvml's own class name (``NVMLError_InsufficientResources``)."""
+    name = error_name(nvml, err)
+    if name.startswith("Error") and type(err).__name__.startswith("NVMLError_"):
+        return type(err).__name__[len("NVMLError_"):]
+    return name
+
+
+def apply_change(nvml: Any, handle: Any, change: Dict[str, Any]) -> Optional[str]:
+    """Call the NVML setter for one planned change. Does NVML I/O.
+
+    :param nvml: the pynvml module (initialised).
+    :param handle: the device handle (``nvmlDeviceGetHandleByIndex``).
+    :param change: ``{setting, after}`` from ``gpu_policy_plan.plan_policy``.
+    :returns: ``None`` on success, else the NVML error name.
+    :raises ValueError: for a setting this function does not know.
+
+    Setters: ``nvmlDeviceSetPowerManagementLimit`` (milliwatts), ``nvmlDeviceSetPersistenceMode``,
+    ``nvmlDeviceSetEccMode``, ``nvmlDeviceSetComputeMode`` (NVML API Reference, "Device Commands").
+    """
+    setting, value = change["setting"], change["after"]
+    enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+    disabled = getattr(nvml, "NVML_FEATURE_DISABLED", 0)
+    if setting == "power_limit_w":
+        return call_setter(nvml, "nvmlDeviceSetPowerManagementLimit", handle, int(round(float(value) * 1000)))
+    if setting == "persistence_mode":
+        return call_setter(nvml, "nvmlDeviceSetPersistenceMode", handle, enabled if value else disabled)
+    if setting == "ecc_mode":
+        return call_setter(nvml, "nvmlDeviceSetEccMode", handle, enabled if value else disabled)
+    if setting == "compute_mode":
+        return call_setter(nvml, "nvmlDeviceSetComputeMode", handle, _COMPUTE_MODE_VALUES[value])
+    raise ValueError("unknown setting %r" % (setting,))
+
+
+def apply_policy_plan(nvml: Any, plan: Dict[str, Any], stop_on_fatal: bool = True) -> Dict[str, Any]:
+    """Apply every change of a policy plan. Does NVML I/O.
+
+    :param nvml: the pynvml module (initialised).
+    :param plan: the result of ``gpu_policy_plan.plan_policy``.
+    :param stop_on_fatal: stop at the first ``no_permission``/``driver_error`` (every further call
+        would fail the same way).
+    :returns: ``{"errors": {"<index>/<setting>": error name or None}, "stopped": str|None}``; a change
+        not attempted after a stop has no key. ``stopped`` names the error that stopped the run.
+    """
+    errors = {}  # type: Dict[str, Optional[str]]
+    for gpu_plan in plan["gpus"]:
+        if not gpu_plan["changes"]:
+            continue
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(gpu_plan["index"])
+        except Exception as err:  # pylint: disable=broad-except
+            name = _nvml_error(nvml, err)
+            if name is None:
+                raise
+            for change in gpu_plan["changes"]:
+                errors["%s/%s" % (gpu_plan["index"], change["setting"])] = name
+            continue
+        for change in gpu_plan["changes"]:
+            name = apply_change(nvml, handle, change)
+            errors["%s/%s" % (gpu_plan["index"], change["setting"])] = name
+            if stop_on_fatal and outcome_of_error(name) in FATAL_OUTCOMES:
+                return {"errors": errors, "stopped": name}
+    return {"errors": errors, "stopped": None}
+
+
+def process_name(nvml: Any, pid: int, proc_root: str = "/proc") -> Optional[str]:
+    """Name a process by pid. Does NVML and file I/O.
+
+    :returns: ``nvmlSystemGetProcessName(pid)``, else the first line of ``/proc/<pid>/comm``, else
+        ``None``.
+    """
+    try:
+        name = nvml.nvmlSystemGetProcessName(pid)
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        if name:
+            return str(name).strip().rsplit("/", 1)[-1] or None
+    except Exception:  # pylint: disable=broad-except
+        pass
+    try:
+        with open("%s/%d/comm" % (proc_root, int(pid)), "r") as handle:
+            return handle.readline().strip() or None
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def name_processes(nvml: Any, gpus: List[Dict[str, Any]]) -> None:
+    """Fill ``name`` of each entry of ``gpu["processes"]`` in place. Does NVML and file I/O (:func:`process_name`)."""
+    for gpu in gpus:
+        for proc in gpu.get("processes") or []:
+            if not proc.get("name") and proc.get("pid") is not None:
+                proc["name"] = process_name(nvml, proc["pid"])
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return str(value or "").strip()
+
+
+def _profile_name(info: Any) -> Optional[str]:
+    name = _text(getattr(info, "name", ""))
+    match = re.search(r"(\d+g\.\d+gb(?:\+[a-z0-9.]+)?)\s*$", name)
+    if match:
+        return match.group(1)
+    slices = getattr(info, "sliceCount", None)
+    memory = getattr(info, "memorySizeMB", None)
+    if slices and memory:
+        # profiles are named by compute slices and memory rounded up to whole GB (MIG User Guide)
+        return "%dg.%dgb" % (slices, -(-int(memory) // 1024))
+    return None
+
+
+def read_mig_profiles(nvml: Any, handle: Any) -> List[Dict[str, Any]]:
+    """Read the GPU-instance profiles a GPU offers. Does NVML I/O.
+
+    Source: ``nvmlDeviceGetGpuInstanceProfileInfo`` for each ``NVML_GPU_INSTANCE_PROFILE_*``
+    (``nvmlGpuInstanceProfileInfo_v2_t``: ``id``, ``sliceCount``, ``instanceCount``,
+    ``memorySizeMB``, ``name`` such as ``"MIG 1g.10gb"``); profiles the GPU lacks answer
+    NotSupported/InvalidArgument and are left out.
+
+    :returns: ``[{name, id, profile, slice_count, instance_count, memory_mib}]`` (``profile`` is the
+        ``NVML_GPU_INSTANCE_PROFILE_*`` value); ``[]`` for a GPU without MIG.
+    """
+    profiles = []  # type: List[Dict[str, Any]]
+    seen = set()
+    count = getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0x12)
+    for profile in range(count):
+        try:
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+        except Exception as err:  # pylint: disable=broad-except
+            if _nvml_error(nvml, err) is None:
+                raise
+            continue
+        name = _profile_name(info)
+        if name is None or getattr(info, "id", None) in seen:
+            continue
+        seen.add(info.id)
+        profiles.append({
+            "name": name,
+            "id": int(info.id),
+            "profile": profile,
+            "slice_count": int(getattr(info, "sliceCount", 0) or 0),
+            "instance_count": int(getattr(info, "instanceCount", 0) or 0),
+            "memory_mib": int(getattr(info, "memorySizeMB", 0) or 0),
+        })
+    return profiles
+
+
+def set_mig_mode(nvml: Any, handle: Any, enabled: bool) -> Dict[str, Optional[str]]:
+    """Ask NVML for a MIG mode. Does NVML I/O.
+
+    Source: ``nvmlDeviceSetMigMode(device, NVML_DEVICE_MIG_ENABLE|DISABLE, &activationStatus)``: the
+    mode becomes *pending* and is activated by a GPU reset (or at boot) when the GPU is in use or
+    the platform requires it; ``activationStatus`` tells why it was not activated at once.
+
+    :returns: ``{"error": NVML error name or None, "activation": error name or None}``.
+    """
+    mode = getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1) if enabled else getattr(nvml, "NVML_DEVICE_MIG_DISABLE", 0)
+    try:
+        status = nvml.nvmlDeviceSetMigMode(handle, mode)
+    except Exception as err:  # pylint: disable=broad-except
+        name = _nvml_error(nvml, err)
+        if name is None:
+            raise
+        return {"error": name, "activation": None}
+    activation = None
+    if isinstance(status, int) and status:
+        activation = _ERROR_NAMES_BY_CODE.get(status, "Error%d" % status)
+    return {"error": None, "activation": activation}
+
+
+# nvmlReturn_t codes that nvmlDeviceSetMigMode reports as activationStatus (nvml.h).
+_ERROR_NAMES_BY_CODE = {3: "NotSupported", 4: "NoPermission", 16: "ResetRequired", 19: "InUse",
+                        23: "InsufficientResources"}
+
+
+def _probe(nvml: Any, func_name: str, parent: Any, ident: int) -> Any:
+    try:
+        return getattr(nvml, func_name)(parent, ident)
+    except Exception as err:  # pylint: disable=broad-except
+        if _nvml_error(nvml, err) is None:
+            raise
+        return None
+
+
+def destroy_mig_instances(nvml: Any, handle: Any, max_id: int = 32) -> Dict[str, Any]:
+    """Destroy every compute instance and GPU instance of a GPU. Does NVML I/O.
+
+    GPU instances are found by id (``nvmlDeviceGetGpuInstanceById`` for ids 0..``max_id``-1,
+    NotFound skipped), their compute instances likewise (``nvmlGpuInstanceGetComputeInstanceById``
+    for ids 0..7); compute instances are destroyed first (``nvmlComputeInstanceDestroy``), then the
+    GPU instance (``nvmlGpuInstanceDestroy``). NVML answers InUse when a process runs on one.
+
+    :returns: ``{"destroyed": [gpu instance ids], "error": first NVML error name or None}``.
+    """
+    destroyed = []
+    for gi_id in range(max_id):
+        gpu_instance = _probe(nvml, "nvmlDeviceGetGpuInstanceById", handle, gi_id)
+        if gpu_instance is None:
+            continue
+        for ci_id in range(8):
+            compute_instance = _probe(nvml, "nvmlGpuInstanceGetComputeInstanceById", gpu_instance, ci_id)
+            if compute_instance is None:
+                continue
+            error = call_setter(nvml, "nvmlComputeInstanceDestroy", compute_instance)
+            if error:
+                return {"destroyed": destroyed, "error": error}
+        error = call_setter(nvml, "nvmlGpuInstanceDestroy", gpu_instance)
+        if error:
+            return {"destroyed": destroyed, "error": error}
+        destroyed.append(gi_id)
+    return {"destroyed": destroyed, "error": None}
+
+
+def _orderings(names: List[str], limit: int = 24) -> List[List[str]]:
+    """Distinct orders of a multiset of profile names, the given order first, at most ``limit``."""
+    result = []  # type: List[List[str]]
+
+    def walk(prefix: List[str], rest: List[str]) -> None:
+        if len(result) >= limit:
+            return
+        if not rest:
+            result.append(list(prefix))
+            return
+        used = set()
+        for position, name in enumerate(rest):
+            if name in used:
+                continue
+            used.add(name)
+            walk(prefix + [name], rest[:position] + rest[position + 1:])
+
+    walk([], names)
+    return result
+
+
+# NVML_ERROR_INSUFFICIENT_RESOURCES (23): no room for this GPU instance where the GPU would place it.
+_PLACEMENT_ERRORS = ("InsufficientResources", "Error23")
+
+
+def create_mig_layout(nvml: Any, handle: Any, layout: Dict[str, int],
+                      profiles: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Create a MIG layout on a GPU that has MIG enabled and no instances. Does NVML I/O.
+
+    Each profile × count becomes that many GPU instances (``nvmlDeviceCreateGpuInstance``), each with
+    one compute instance of its full size (``nvmlGpuInstanceGetComputeInstanceProfileInfo`` +
+    ``nvmlGpuInstanceCreateComputeInstance``), as mig-parted does. Larger profiles go first; when the
+    GPU answers InsufficientResources (a placement conflict) everything created is destroyed and the
+    next order is tried, up to 24 orders.
+
+    :param layout: ``{profile name: count}``.
+    :param profiles: the GPU's profiles (:func:`read_mig_profiles`).
+    :returns: ``{"created": [profile names], "error": NVML error name or None, "tried": int}``.
+    """
+    by_name = {profile["name"]: profile for profile in profiles}
+    names = []
+    for name in sorted(layout, key=lambda item: (-by_name[item]["slice_count"], -by_name[item]["memory_mib"], item)):
+        names.extend([name] * layout[name])
+    engine = getattr(nvml, "NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED", 0)
+    last_error = None
+    tried = 0
+    for order in _orderings(names):
+        tried += 1
+        created = []
+        last_error = None
+        for name in order:
+            profile = by_name[name]
+            try:
+                gpu_instance = nvml.nvmlDeviceCreateGpuInstance(handle, profile["id"])
+                ci_profile = _CI_PROFILE_BY_SLICES.get(profile["slice_count"], 0)
+                info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gpu_instance, ci_profile, engine)
+                nvml.nvmlGpuInstanceCreateComputeInstance(gpu_instance, info.id)
+            except Exception as err:  # pylint: disable=broad-except
+                last_error = _nvml_error(nvml, err)
+                if last_error is None:
+                    raise
+                break
+            created.append(name)
+        if last_error is None:
+            return {"created": created, "error": None, "tried": tried}
+        destroy_mig_instances(nvml, handle)
+        if last_error not in _PLACEMENT_ERRORS:
+            break
+    return {"created": [], "error": last_error, "tried": tried}
+
+
+_INIT_ERRORS = {
+    "LibraryNotFound": "the NVML library (libnvidia-ml.so.1) was not found: the NVIDIA driver is not installed",
+    "DriverNotLoaded": "the NVIDIA kernel module is not loaded (driver installed but not loaded, or no GPU "
+                       "found): load it or reboot",
+    "LibRmVersionMismatch": "Driver/library version mismatch: the NVIDIA libraries were upgraded but the loaded "
+                            "kernel module is older; reboot the node to load the new module, then apply again",
+    "NoPermission": "NVML refused access to the GPUs (Insufficient Permissions): run as root with access to "
+                    "/dev/nvidia*",
+}
+
+
+def init_error_message(name: str) -> str:
+    """Explain an ``nvmlInit`` failure and what to do.
+
+    :param name: the NVML error name (``LibraryNotFound``, ``DriverNotLoaded``,
+        ``LibRmVersionMismatch``, ``NoPermission``, ...).
+    :returns: one sentence naming the cause and the remedy; unknown names are quoted as they are.
+    """
+    return "NVML could not start: %s" % _INIT_ERRORS.get(name, "NVML error %s" % name)
+
+
+def read_gpus(nvml: Any) -> Dict[str, Any]:
+    """Read every GPU of the node through NVML (already initialised). Does NVML I/O.
+
+    :returns: ``{"gpus": [facts-model GPU records, nvml_reader.read_gpu], "unsupported": [...],
+        "error": NVML error name of nvmlDeviceGetCount or None}``; process names are filled
+        (:func:`name_processes`).
+    """
+    unsupported = []  # type: List[Dict[str, Any]]
+    try:
+        count = nvml.nvmlDeviceGetCount()
+    except Exception as err:  # pylint: disable=broad-except
+        name = _nvml_error(nvml, err)
+        if name is None:
+            raise
+        return {"gpus": [], "unsupported": unsupported, "error": name}
+    gpus = [read_gpu(nvml, index, unsupported) for index in range(count)]
+    name_processes(nvml, gpus)
+    return {"gpus": gpus, "unsupported": unsupported, "error": None}
+
+
+def _read_small(path: str) -> Optional[str]:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(65536).decode("utf-8", "replace")
+    except (IOError, OSError):
+        return None
+
+
+def read_permission_context(proc_root: str = "/proc", root: str = "/") -> Dict[str, Any]:
+    """Gather what :func:`permission_message` needs. Does file I/O.
+
+    Reads ``/proc/self/status`` (``CapEff``), ``/proc/1/cgroup``, ``/proc/1/environ`` (the
+    ``container=`` variable) and looks for ``/.dockerenv`` and ``/run/.containerenv``.
+
+    :returns: ``{"euid": int, "container": bool, "cap_sys_admin": bool|None}``.
+    """
+    environ = _read_small(os.path.join(proc_root, "1", "environ")) or ""
+    container_env = None
+    for item in environ.split("\0"):
+        if item.startswith("container="):
+            container_env = item.split("=", 1)[1]
+    markers = [path for path in (os.path.join(root, ".dockerenv"), os.path.join(root, "run", ".containerenv"))
+               if os.path.exists(path)]
+    return {
+        "euid": os.geteuid(),
+        "container": in_container(_read_small(os.path.join(proc_root, "1", "cgroup")), markers, container_env),
+        "cap_sys_admin": cap_effective_has(_read_small(os.path.join(proc_root, "self", "status"))),
+    }
+
+
+def _mig_current(gpu: Dict[str, Any]) -> bool:
+    return bool((gpu.get("mig") or {}).get("mode_current"))
+
+
+def apply_mig_plan(nvml: Any, plan: Dict[str, Any], profiles: Dict[int, List[Dict[str, Any]]],
+                   reset: Optional[Any] = None) -> Dict[str, Any]:
+    """Carry out a MIG plan: destroy, set mode, reset, create. Does NVML I/O (and the reset callback's).
+
+    Order per GPU, as mig-parted does it: destroy the MIG devices that must go, set the MIG mode;
+    then reset the GPUs whose mode is pending (one call of ``reset`` with their indices); then on
+    every GPU whose MIG mode is now enabled and whose devices differ, destroy and create the devices.
+
+    :param nvml: the pynvml module (initialised).
+    :param plan: the result of ``mig_plan.plan_mig`` (blocked GPUs are the caller's decision).
+    :param profiles: ``{index: profiles}`` (:func:`read_mig_profiles`).
+    :param reset: ``reset(indices) -> (rc, output)`` that resets GPUs (``nvidia-smi -r -i``), or
+        ``None`` when no reset is allowed.
+    :returns: ``{"actions": {index: [str]}, "errors": {index: message}, "error_names": {index: NVML
+        name}, "reset": {gpus, rc, output} or None, "still_pending": [indices whose mode still
+        waits for a reset or reboot], "gpus": [GPU records read at the end], "stopped": "NoPermission"
+        or None}``. The run stops at the first NoPermission.
+    """
+    actions = dict((gpu_plan["index"], []) for gpu_plan in plan["gpus"])  # type: Dict[int, List[str]]
+    errors = {}  # type: Dict[int, str]
+    names = {}  # type: Dict[int, str]
+    outcome = {"actions": actions, "errors": errors, "error_names": names, "reset": None, "still_pending": [],
+               "gpus": [], "stopped": None}  # type: Dict[str, Any]
+
+    def fail(index: int, name: str, message: str) -> bool:
+        errors[index] = "%s: NVML %s" % (message, name)
+        names[index] = name
+        if name == "NoPermission":
+            outcome["stopped"] = name
+            outcome["gpus"] = read_gpus(nvml)["gpus"]
+            return True
+        return False
+
+    work = [gpu_plan for gpu_plan in plan["gpus"] if gpu_plan["change"]]
+    handles = {}  # type: Dict[int, Any]
+    for gpu_plan in work:
+        index = gpu_plan["index"]
+        try:
+            handles[index] = nvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception as err:  # pylint: disable=broad-except
+            name = _nvml_error(nvml, err)
+            if name is None:
+                raise
+            fail(index, name, "opening the GPU failed")
+            continue
+        before = gpu_plan["before"]
+        if before["mode_current"] and before["mig_devices"] and (
+                gpu_plan["layout_change"] or not gpu_plan["wanted"]["mig_enabled"]):
+            actions[index].append("destroy_instances")
+            done = destroy_mig_instances(nvml, handles[index])
+            if done["error"]:
+                if fail(index, done["error"], "destroying the MIG devices failed"):
+                    return outcome
+                continue
+        if gpu_plan["set_mode"] is not None:
+            actions[index].append("set_mode")
+            answer = set_mig_mode(nvml, handles[index], gpu_plan["set_mode"])
+            if answer["error"]:
+                if fail(index, answer["error"], "setting MIG mode %s failed" % (
+                        "enabled" if gpu_plan["set_mode"] else "disabled")):
+                    return outcome
+    current = dict((gpu["index"], gpu) for gpu in read_gpus(nvml)["gpus"])
+    pending = [p["index"] for p in work
+               if p["index"] not in errors and _mig_current(current[p["index"]]) != p["wanted"]["mig_enabled"]]
+    if pending and reset is not None:
+        rc, output = reset(pending)
+        for index in pending:
+            actions[index].append("reset")
+        outcome["reset"] = {"gpus": pending, "rc": rc, "output": output}
+        current = dict((gpu["index"], gpu) for gpu in read_gpus(nvml)["gpus"])
+    outcome["still_pending"] = [index for index in pending if _mig_current(current[index]) != [
+        p for p in work if p["index"] == index][0]["wanted"]["mig_enabled"]]
+    for gpu_plan in work:
+        index = gpu_plan["index"]
+        wanted = gpu_plan["wanted"]
+        if index in errors or not wanted["mig_enabled"] or not _mig_current(current[index]):
+            continue
+        now = current_layout(current[index])
+        if now == wanted["mig_devices"]:
+            continue
+        if now:
+            actions[index].append("destroy_instances")
+            done = destroy_mig_instances(nvml, handles[index])
+            if done["error"]:
+                if fail(index, done["error"], "destroying the MIG devices failed"):
+                    return outcome
+                continue
+        if wanted["mig_devices"]:
+            actions[index].append("create_instances")
+            made = create_mig_layout(nvml, handles[index], wanted["mig_devices"], profiles.get(index) or [])
+            if made["error"]:
+                if fail(index, made["error"], "creating %s failed after %d placement order(s)" % (
+                        format_layout(wanted["mig_devices"]), made["tried"])):
+                    return outcome
+    outcome["gpus"] = read_gpus(nvml)["gpus"]
+    return outcome
