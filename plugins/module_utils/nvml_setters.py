@@ -376,22 +376,9 @@ def assess_policy(plan: Dict[str, Any], after_gpus: List[Dict[str, Any]],
             else:
                 result = setter_result(setting, change["after"], change["before"], seen[setting], error=errors[key])
             results.append(result)
-        for setting, value in gpu_plan["wanted"].items():
-            if setting in changed_settings:
-                continue
-            if setting in gpu_plan["unsupported"]:
-                status, message = "unsupported", "%s: not supported on this GPU; skipped" % setting
-            elif any(entry["setting"] == setting for entry in gpu_plan["not_in_effect"]):
-                status = "not_in_effect"
-                message = "%s: %s" % (setting, [entry for entry in gpu_plan["not_in_effect"]
-                                                if entry["setting"] == setting][0]["reason"])
-            elif any(entry["setting"] == setting for entry in gpu_plan["pending"]):
-                status, message = "pending_reboot", "%s: already pending; in effect after the next reboot" % setting
-            else:
-                status, message = "ok", ""
-            results.append({"setting": setting, "wanted": value, "before": diff_value(gpu_plan["before"], setting),
-                            "after": diff_value(seen, setting), "changed": False, "status": status,
-                            "message": message})
+        for setting in gpu_plan["wanted"]:
+            if setting not in changed_settings:
+                results.append(unchanged_result(gpu_plan, setting, seen))
         for result in results:
             result["index"] = index
         everything.extend(results)
@@ -413,6 +400,55 @@ def assess_policy(plan: Dict[str, Any], after_gpus: List[Dict[str, Any]],
         "reboot_required": any(gpu["report"] and (gpu["report"]["reboot_required"] or gpu["report"]["pending"])
                                for gpu in gpus),
     }
+
+
+def unchanged_result(gpu_plan: Dict[str, Any], setting: str, seen: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """The result of a managed setting the plan did not change on this GPU.
+
+    :param gpu_plan: one GPU of ``gpu_policy_plan.plan_policy``.
+    :param setting: a key of ``gpu_plan["wanted"]`` that has no change.
+    :param seen: ``gpu_policy_plan.observed`` of the GPU read back, or ``None`` to use the plan's
+        ``before``.
+    :returns: a result shaped like :func:`setter_result`, ``changed`` false, ``status``
+        ``unsupported`` (skipped), ``not_in_effect`` (requested but not enforced: field case 15),
+        ``pending_reboot`` (already pending) or ``ok``.
+    """
+    value = gpu_plan["wanted"][setting]
+    if setting in gpu_plan["unsupported"]:
+        status, message = "unsupported", "%s: not supported on this GPU; skipped" % setting
+    elif any(entry["setting"] == setting for entry in gpu_plan["not_in_effect"]):
+        status = "not_in_effect"
+        message = "%s: %s" % (setting, [entry for entry in gpu_plan["not_in_effect"]
+                                        if entry["setting"] == setting][0]["reason"])
+    elif any(entry["setting"] == setting for entry in gpu_plan["pending"]):
+        status, message = "pending_reboot", "%s: already pending; in effect after the next reboot" % setting
+    else:
+        status, message = "ok", ""
+    return {"setting": setting, "wanted": value, "before": diff_value(gpu_plan["before"], setting),
+            "after": diff_value(seen if seen is not None else gpu_plan["before"], setting), "changed": False,
+            "status": status, "message": message}
+
+
+def planned_results(gpu_plan: Dict[str, Any], check_mode: bool) -> List[Dict[str, Any]]:
+    """Results for a GPU when nothing was applied (check mode, or nothing to change).
+
+    :returns: one result per managed setting: ``would_change`` for each planned change in check
+        mode, else :func:`unchanged_result`; each with ``index``.
+    """
+    results = []
+    changing = dict((change["setting"], change) for change in gpu_plan["changes"])
+    for setting in gpu_plan["wanted"]:
+        if setting in changing:
+            change = changing[setting]
+            result = {"setting": setting, "wanted": change["after"], "before": change["before"],
+                      "after": change["before"], "changed": False,
+                      "status": "would_change" if check_mode else "not_attempted",
+                      "message": "%s: %s -> %s (%s)" % (setting, change["before"], change["after"], change["effect"])}
+        else:
+            result = unchanged_result(gpu_plan, setting)
+        result["index"] = gpu_plan["index"]
+        results.append(result)
+    return results
 
 
 # ---------------------------------------------------------------------------------------------

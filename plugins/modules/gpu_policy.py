@@ -210,6 +210,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters import (
     apply_policy_plan,
     assess_policy,
+    planned_results,
     init_error_message,
     permission_message,
     read_gpus,
@@ -235,9 +236,7 @@ def _gpu_entries(plan, assessment=None, check_mode=False):
             results = found["results"]
         else:
             report = policy_report(plan["policy"], gpu_plan["_record"])
-            results = [dict(change, index=gpu_plan["index"], wanted=change["after"], changed=False,
-                            status="would_change" if check_mode else "ok", message="")
-                       for change in gpu_plan["changes"]]
+            results = planned_results(gpu_plan, check_mode)
         entries.append({
             "index": gpu_plan["index"],
             "uuid": gpu_plan["uuid"],
@@ -275,8 +274,7 @@ def _fail_for_results(module, assessment, entries, plan, strict, diff):
         if status in ("ok", "applied", "pending_reboot", "not_attempted"):
             continue
         if status in ("unsupported", "not_in_effect") and not strict:
-            module.warn("%s: %s" % (describe_gpu(gpu), result["message"]))
-            continue
+            continue  # warned about when planning
         problems.append("%s: %s (%s)" % (describe_gpu(gpu), result["message"] or what, status))
     if problems:
         module.fail_json(msg="GPU policy not reached: %s" % "; ".join(problems), changed=assessment["changed"],

@@ -1,0 +1,238 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Run the gpu_policy module's main() against the simulated fleet's NVML (a fake node root).
+
+The NVML test double is the simulated fleet's drop-in pynvml: the real nvidia-ml-py wrappers over
+a simulated library serving ``$SIMGPU_ROOT/var/lib/simgpu/state.json``, with the pending/current
+rules of real GPUs (ECC pending until boot, power limit bounded, settings reset at boot,
+NoPermission for non-root).
+"""
+
+import json
+import os
+import sys
+
+import pytest
+from ansible.module_utils.common import warnings as module_warnings
+from ansible.module_utils.testing import patch_module_args
+
+SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "simfleet")
+if SIMFLEET not in sys.path:
+    sys.path.insert(0, SIMFLEET)
+
+from simfleet.gpu import load_pynvml as load_sim_pynvml  # noqa: E402  pylint: disable=wrong-import-position
+from simfleet.gpu.faults import apply_fault  # noqa: E402  pylint: disable=wrong-import-position
+from simfleet.gpu.state import (  # noqa: E402  pylint: disable=wrong-import-position
+    boot_node_root,
+    initial_state,
+    load_state,
+    state_path,
+    update_state,
+    write_node_root,
+)
+
+from ansible_collections.gpufleet.nvidia.plugins.modules import gpu_policy  # noqa: E402
+
+
+@pytest.fixture(name="node")
+def fixture_node(tmp_path, monkeypatch):
+    """Make a fake node root of a GPU class and point the module's pynvml at it."""
+
+    def make(profile="h100"):
+        root = str(tmp_path / "root")
+        write_node_root(root, initial_state(profile, "node-%s" % profile))
+        boot_node_root(root)
+        monkeypatch.setenv("SIMGPU_ROOT", root)
+        monkeypatch.delenv("SIMGPU_FAKE_UID", raising=False)
+        nvml = load_sim_pynvml()
+        monkeypatch.setattr(gpu_policy, "load_pynvml", lambda: nvml)
+        return root
+
+    return make
+
+
+def state_of(root):
+    return load_state(state_path(root))
+
+
+def fault(root, kind, args):
+    update_state(state_path(root), lambda state: apply_fault(state, kind, args))
+
+
+def run_module(args, capsys, check_mode=False, diff=False):
+    """Run main() as Ansible does: one process per run, so no warning is carried over from a previous run."""
+    getattr(module_warnings, "_global_warnings", {}).clear()
+    args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
+    with patch_module_args(args):
+        with pytest.raises(SystemExit) as exit_info:
+            gpu_policy.main()
+    return exit_info.value.code, json.loads(capsys.readouterr().out)
+
+
+def warnings_of(result):
+    """Warning texts (ansible-core 2.19 returns each as a summary dict, older cores as a string)."""
+    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+
+
+H100_POLICY = {"power_limit_w": 600, "persistence_mode": True, "compute_mode": "exclusive_process", "ecc_mode": True}
+
+
+def test_apply_then_second_run_changes_nothing(node, capsys):
+    root = node("h100")
+    code, result = run_module(H100_POLICY, capsys)
+    assert code == 0, result
+    assert result["changed"] is True
+    assert len(result["gpus"]) == 8
+    gpu = result["gpus"][0]
+    assert gpu["in_effect"] == {"power_limit_w": 600.0, "persistence_mode": True, "ecc_mode": True,
+                                "compute_mode": "exclusive_process"}
+    assert sorted((r["setting"], r["status"]) for r in gpu["results"]) == [
+        ("compute_mode", "applied"), ("ecc_mode", "ok"), ("persistence_mode", "applied"), ("power_limit_w", "applied")]
+    assert gpu["prior"]["power_limit_w"] == 700.0
+    assert result["reboot_required"] is False
+    states = state_of(root)["gpus"]
+    assert {g["power"]["limit_mw"] for g in states} == {600000}
+    assert {(g["persistence_mode"], g["compute_mode"]) for g in states} == {(1, 3)}
+
+    code, result = run_module(H100_POLICY, capsys)
+    assert code == 0 and result["changed"] is False
+    assert {r["status"] for g in result["gpus"] for r in g["results"]} == {"ok"}
+
+
+def test_check_mode_changes_nothing_and_shows_the_diff(node, capsys):
+    root = node("h100")
+    code, result = run_module({"gpus": ["1"], "power_limit_w": 450, "persistence_mode": True}, capsys,
+                              check_mode=True, diff=True)
+    assert code == 0 and result["changed"] is True
+    assert result["diff"] == {"before": {"gpu1": {"power_limit_w": 700.0, "persistence_mode": False}},
+                              "after": {"gpu1": {"power_limit_w": 450.0, "persistence_mode": True}}}
+    assert [r["status"] for r in result["gpus"][0]["results"]] == ["would_change", "would_change"]
+    assert state_of(root)["gpus"][1]["power"]["limit_mw"] == 700000
+    assert state_of(root)["gpus"][1]["persistence_mode"] == 0
+
+
+def test_check_mode_after_apply_changes_nothing(node, capsys):
+    node("h100")
+    run_module(H100_POLICY, capsys)
+    code, result = run_module(H100_POLICY, capsys, check_mode=True, diff=True)
+    assert code == 0 and result["changed"] is False
+    assert result["diff"]["before"] == result["diff"]["after"]
+
+
+def test_out_of_range_power_limit_refused_before_any_gpu_is_touched(node, capsys):
+    root = node("h100")
+    code, result = run_module({"power_limit_w": 750, "persistence_mode": True}, capsys)
+    assert code == 1
+    assert result["msg"].startswith("GPU policy refused before any GPU was changed: ")
+    assert "GPU 0 (0000:18:00.0, NVIDIA H100 80GB HBM3): power limit 750 W is outside its range [200, 700] W" \
+        in result["msg"]
+    assert len(result["errors"]) == 8
+    states = state_of(root)["gpus"]
+    assert {g["power"]["limit_mw"] for g in states} == {700000}
+    assert {g["persistence_mode"] for g in states} == {0}  # persistence was valid, but nothing was touched
+
+
+def test_percent_of_default_on_l40s(node, capsys):
+    root = node("l40s")
+    code, result = run_module({"power_limit_percent": 85}, capsys)
+    assert code == 0, result
+    assert [g["in_effect"]["power_limit_w"] for g in result["gpus"]] == [297.5] * 4
+    assert state_of(root)["gpus"][0]["power"]["limit_mw"] == 297500
+
+
+def test_ecc_change_is_reboot_required_then_in_effect_after_boot(node, capsys):
+    root = node("a100")
+    code, result = run_module({"gpus": ["0"], "ecc_mode": False}, capsys)
+    assert code == 0, result
+    assert result["changed"] is True and result["reboot_required"] is True
+    gpu = result["gpus"][0]
+    assert gpu["results"][0]["status"] == "pending_reboot"
+    assert gpu["in_effect"]["ecc_mode"] is True and gpu["pending"] == {"ecc_mode": False}
+    assert gpu["reboot_required"] == ["ECC mode pending: enabled now, disabled after the next reboot"]
+    # run again before the reboot: nothing to change, still pending
+    code, result = run_module({"gpus": ["0"], "ecc_mode": False}, capsys)
+    assert (result["changed"], result["reboot_required"]) == (False, True)
+    assert result["gpus"][0]["results"][0]["status"] == "pending_reboot"
+
+    boot_node_root(root)
+    code, result = run_module({"gpus": ["0"], "ecc_mode": False}, capsys)
+    assert (code, result["changed"], result["reboot_required"]) == (0, False, False)
+    assert result["gpus"][0]["in_effect"]["ecc_mode"] is False and result["gpus"][0]["pending"] == {}
+
+
+def test_reboot_resets_power_persistence_and_compute_mode(node, capsys):
+    root = node("h100")
+    run_module(H100_POLICY, capsys)
+    boot_node_root(root)
+    code, result = run_module(H100_POLICY, capsys, check_mode=True)
+    assert result["changed"] is True
+    assert result["gpus"][0]["in_effect"]["power_limit_w"] == 700.0
+    assert result["gpus"][0]["in_effect"]["persistence_mode"] is False
+
+
+# --- field case 14: NotSupported vs NoPermission --------------------------------------------------
+
+def test_case14_ecc_not_supported_is_reported_and_skipped(node, capsys):
+    root = node("h100")
+    fault(root, "nvml_not_supported", {"field": "ecc_mode", "gpu": 0})
+    code, result = run_module({"gpus": ["0", "1"], "ecc_mode": False, "persistence_mode": True}, capsys)
+    assert code == 0, result
+    assert result["unsupported"] == [{"index": 0, "setting": "ecc_mode"}]
+    statuses = dict((r["setting"], r["status"]) for r in result["gpus"][0]["results"])
+    assert statuses == {"persistence_mode": "applied", "ecc_mode": "unsupported"}
+    assert result["gpus"][0]["reboot_required"] == []  # no reboot scheduled for a setting it cannot take
+    assert warnings_of(result) == ["GPU 0 (0000:18:00.0, NVIDIA H100 80GB HBM3): ecc_mode is not supported; skipped"]
+    assert state_of(root)["gpus"][1]["ecc"]["pending"] == 0
+
+
+def test_case14_not_supported_fails_under_strict_before_any_change(node, capsys):
+    root = node("h100")
+    fault(root, "nvml_not_supported", {"field": "power_limit", "gpu": 3})
+    code, result = run_module({"power_limit_w": 500, "persistence_mode": True, "strict": True}, capsys)
+    assert code == 1
+    assert "GPU 3 (0000:5d:00.0, NVIDIA H100 80GB HBM3): power_limit_w is not supported on this GPU (strict)" \
+        in result["msg"]
+    assert {g["persistence_mode"] for g in state_of(root)["gpus"]} == {0}
+
+
+def test_case14_no_permission_as_a_user_asks_for_root(node, capsys, monkeypatch):
+    root = node("h100")
+    monkeypatch.setenv("SIMGPU_FAKE_UID", "1000")
+    monkeypatch.setattr(gpu_policy, "read_permission_context",
+                        lambda: {"euid": 1000, "container": False, "cap_sys_admin": False})
+    code, result = run_module({"power_limit_w": 500}, capsys)
+    assert code == 1
+    assert result["msg"].startswith("NVML refused to set the power limit of GPU 0 (0000:18:00.0, "
+                                    "NVIDIA H100 80GB HBM3): Insufficient Permissions.")
+    assert "become: true" in result["msg"]
+    assert result["changed"] is False
+    assert state_of(root)["gpus"][0]["power"]["limit_mw"] == 700000
+
+
+def test_case14_no_permission_as_root_in_a_container_names_cap_sys_admin(node, capsys, monkeypatch):
+    node("h100")
+    monkeypatch.setenv("SIMGPU_FAKE_UID", "1000")
+    monkeypatch.setattr(gpu_policy, "read_permission_context",
+                        lambda: {"euid": 0, "container": True, "cap_sys_admin": False})
+    code, result = run_module({"persistence_mode": True}, capsys)
+    assert code == 1
+    assert "CAP_SYS_ADMIN" in result["msg"] and "--cap-add=SYS_ADMIN" in result["msg"]
+    statuses = [r["status"] for g in result["gpus"] for r in g["results"]]
+    assert statuses[0] == "no_permission" and set(statuses[1:]) == {"not_attempted"}
+
+
+def test_selecting_a_missing_gpu_is_refused(node, capsys):
+    node("l40s")
+    code, result = run_module({"gpus": ["4"], "persistence_mode": True}, capsys)
+    assert code == 1
+    assert "no GPU 4 on this node (GPU indices present: 0, 1, 2, 3)" in result["msg"]
+
+
+def test_driver_not_loaded_is_a_clear_error(node, capsys, tmp_path):
+    root = node("h100")
+    write_node_root(root, state_of(root), loaded=False)
+    code, result = run_module({"persistence_mode": True}, capsys)
+    assert code == 1
+    assert result["nvml_error"] == "DriverNotLoaded"
+    assert "NVIDIA kernel module is not loaded" in result["msg"]
