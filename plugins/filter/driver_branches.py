@@ -112,10 +112,12 @@ def driver_signing_key(colons, fingerprint):
     return pp.check_signing_key(colons, fingerprint)
 
 
-def driver_local_facts(previous, version, branch, when, action, verified_good=None, kernel_module_type=None):
+def driver_local_facts(previous, version, branch, when, action, verified_good=None, kernel_module_type=None,
+                       history_limit=50):
     """Next content of the driver's local facts: current, previous, last known-good, history."""
     return pp.update_local_facts(previous or {}, str(version), str(branch), str(when), str(action),
-                                 verified_good=verified_good or None, kernel_module_type=kernel_module_type)
+                                 verified_good=verified_good or None, history_limit=int(history_limit),
+                                 kernel_module_type=kernel_module_type)
 
 
 def driver_unattended_upgrades_config(extra=None):
