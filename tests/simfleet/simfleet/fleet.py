@@ -1,0 +1,586 @@
+"""A fleet: its nodes, keys, apt repository and inventory, and the lifecycle commands.
+
+``fleet.json`` in the fleet directory records what the fleet is made of (nodes with class and port,
+the repository port, the base layers the nodes are mounted on); everything else is derived from
+the processes and mounts it recorded. Commands that change the fleet hold ``<fleet>/lock``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from typing import Any, Callable, Iterable
+
+from simfleet import DEFAULT_LAYOUT, DEFAULT_PORT_RANGE, cache_dir, fleet_dir, fleet_name
+from simfleet import aptrepo, base, inventory
+from simfleet.node import Node
+from simfleet.proc import (
+    SimfleetError,
+    file_lock,
+    mounts_under,
+    parse_port_range,
+    pid_alive,
+    port_free,
+    run,
+    send_signal,
+    wait_gone,
+    write_atomic,
+)
+
+FORMAT = 1
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+DEFAULT_COUNT = 4
+# Fault kinds handled here; every other kind goes to simfleet.gpu.faults.apply_fault.
+FLEET_FAULTS = ("reboot_hang", "repo_unreachable")
+# The argument a fault takes when given without ``key=``.
+POSITIONAL_FAULT_ARG = {"build_fail": "version", "gpu_lost": "gpu", "xid_storm": "xid", "nvml_not_supported": "field"}
+# inotify instances each booted node needs (systemd, journald, dbus, sshd), with a margin.
+INOTIFY_PER_NODE = 12
+
+
+def _gpu():
+    """The GPU simulation's modules (imported late: the lifecycle works without them for down/status)."""
+    from simfleet.gpu import faults, profiles, state  # pylint: disable=import-outside-toplevel
+
+    return profiles, state, faults
+
+
+def parse_layout(text: str, count: int | None, classes: Iterable[str]) -> list[str]:
+    """GPU class of each node from a layout string.
+
+    ``"h100,a100"`` is cycled to ``count`` nodes (``count`` None: one node per item);
+    ``"h100:2,l40s:1"`` gives explicit counts (``count``, if given, must match their sum).
+    Raises SimfleetError on an unknown class or a count mismatch.
+    """
+    known = list(classes)
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise SimfleetError("empty layout; give GPU classes such as h100,a100 (known: %s)" % ", ".join(known))
+    explicit = any(":" in x for x in items)
+    out: list[str] = []
+    for item in items:
+        klass, _, n = item.partition(":")
+        if klass not in known:
+            raise SimfleetError("unknown GPU class %r in layout; known: %s" % (klass, ", ".join(known)))
+        if explicit:
+            try:
+                reps = int(n) if n else 1
+            except ValueError:
+                raise SimfleetError("bad count in layout item %r" % item) from None
+            out += [klass] * reps
+        else:
+            out.append(klass)
+    if explicit:
+        if count is not None and count != len(out):
+            raise SimfleetError("layout %r has %d nodes, not %d" % (text, len(out), count))
+        return out
+    n = len(out) if count is None else count
+    return [out[i % len(out)] for i in range(n)]
+
+
+def parse_fault_args(kind: str, words: Iterable[str]) -> dict[str, Any]:
+    """``["version=580.126.20", "count=3"]`` → ``{"version": "580.126.20", "count": 3}``.
+
+    Integers become int, ``true``/``false`` bool; one bare word is the kind's main argument
+    (``POSITIONAL_FAULT_ARG``).
+    """
+    args: dict[str, Any] = {}
+    for word in words:
+        if "=" in word:
+            key, _, value = word.partition("=")
+        elif kind in POSITIONAL_FAULT_ARG and POSITIONAL_FAULT_ARG[kind] not in args:
+            key, value = POSITIONAL_FAULT_ARG[kind], word
+        else:
+            raise SimfleetError("fault argument %r is not KEY=VALUE" % word)
+        args[key] = _typed(value)
+    return args
+
+
+def _typed(value: str) -> Any:
+    if re.fullmatch(r"-?\d+", value):
+        return int(value)
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+def _log(msg: str) -> None:
+    print("simfleet: " + msg, flush=True)
+
+
+class Fleet:
+    """A named fleet in its directory. Construct, then call ``up``/``down``/``status``/…."""
+
+    def __init__(self, name: str | None = None, state_dir: str | None = None, cache: str | None = None,
+                 log: Callable[[str], None] = _log):
+        self.name = name or fleet_name()
+        if not NAME_RE.match(self.name):
+            raise SimfleetError("fleet name %r: use letters, digits, '.', '_' or '-' (at most 40)" % self.name)
+        self.cache = os.path.abspath(cache) if cache else cache_dir()
+        if state_dir or not cache:
+            self.dir = fleet_dir(self.name, state_dir)
+        else:
+            self.dir = os.path.join(self.cache, "fleets", self.name)
+        self.log = log
+
+    # ----- records
+    @property
+    def record_path(self) -> str:
+        return os.path.join(self.dir, "fleet.json")
+
+    @property
+    def ssh_key(self) -> str:
+        return os.path.join(self.dir, "ssh", "id_ed25519")
+
+    @property
+    def inventory_path(self) -> str:
+        return os.path.join(self.dir, "inventory.yml")
+
+    def exists(self) -> bool:
+        return os.path.exists(self.record_path)
+
+    def record(self) -> dict[str, Any]:
+        """The parsed fleet.json; raises SimfleetError when there is no fleet."""
+        try:
+            with open(self.record_path, encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise SimfleetError("no fleet %r (nothing at %s); run `simfleet up` first" % (self.name, self.dir)) from None
+
+    def _save(self, rec: dict[str, Any]) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        write_atomic(self.record_path, json.dumps(rec, indent=2, sort_keys=True) + "\n")
+
+    def nodes(self, rec: dict[str, Any] | None = None) -> list[Node]:
+        rec = rec if rec is not None else self.record()
+        return [self._node(n) for n in rec["nodes"]]
+
+    def _node(self, entry: dict[str, Any]) -> Node:
+        machine = re.sub(r"[^a-z0-9-]", "-", ("sf-%s-%s" % (self.name, entry["name"])).lower())[:64]
+        return Node(entry["name"], entry["class"], entry["port"], self.dir, machine)
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes():
+            if n.name == name:
+                return n
+        raise SimfleetError("no node %r in fleet %r (nodes: %s)" % (name, self.name, ", ".join(n.name for n in self.nodes())))
+
+    def _lock(self):
+        return file_lock(os.path.join(self.dir, "lock"), "(fleet %s)" % self.name)
+
+    # ----- ports
+    def _ports_of_other_fleets(self) -> set[int]:
+        used: set[int] = set()
+        for path in glob.glob(os.path.join(self.cache, "fleets", "*", "fleet.json")):
+            if os.path.dirname(os.path.abspath(path)) == os.path.abspath(self.dir):
+                continue
+            try:
+                with open(path, encoding="utf-8") as f:
+                    rec = json.load(f)
+                used.add(int(rec["repo_port"]))
+                used.update(int(n["port"]) for n in rec["nodes"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return used
+
+    def _allocate_ports(self, rec: dict[str, Any], count: int) -> list[int]:
+        lo, hi = parse_port_range(rec["port_range"])
+        taken = self._ports_of_other_fleets() | {rec.get("repo_port") or 0} | {n["port"] for n in rec["nodes"]}
+        out: list[int] = []
+        for port in range(lo, hi + 1):
+            if len(out) == count:
+                break
+            if port in taken or not port_free(port):
+                continue
+            out.append(port)
+        if len(out) < count:
+            raise SimfleetError(
+                "not enough free ports in %s for %d more; choose a wider range with --ports / SIMFLEET_PORTS"
+                % (rec["port_range"], count)
+            )
+        return out
+
+    # ----- up
+    def up(self, count: int | None = None, layout: str | None = None, mirror: str | None = None,
+           ports: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Bring the fleet up with ``count`` nodes (adding nodes to an existing fleet, never removing).
+
+        Builds what is missing of the cached base, the driver packages, keys and repository; starts
+        the repository server and every node that does not run; waits until every node answers SSH;
+        writes the inventory. Running nodes are left alone, so a second ``up`` changes nothing.
+        Returns ``status()``.
+        """
+        base.check_host()
+        profiles, gstate, _ = _gpu()
+        os.makedirs(self.dir, exist_ok=True)
+        with self._lock():
+            started = time.monotonic()
+            rec = self._load_or_new(ports)
+            existing = len(rec["nodes"])
+            if layout:
+                rec["layout"] = layout
+            if count is not None and count < existing:
+                self.log("fleet %s has %d nodes; keeping them all (down --purge, then up, to shrink)" % (self.name, existing))
+            if count is not None:
+                want = max(existing, count)
+            elif existing:
+                want = existing
+            else:
+                want = len(parse_layout(rec["layout"], None, profiles.PROFILES)) if layout else DEFAULT_COUNT
+            if want > existing:
+                classes = parse_layout(rec["layout"], None, profiles.PROFILES)
+                if ":" in rec["layout"] and want > len(classes):
+                    raise SimfleetError("layout %r has %d nodes, asked for %d" % (rec["layout"], len(classes), want))
+                if not rec.get("repo_port"):
+                    rec["repo_port"] = self._allocate_ports(rec, 1)[0]
+                new_ports = self._allocate_ports(rec, want - existing)
+                for i, port in zip(range(existing, want), new_ports):
+                    rec["nodes"].append({"name": "node%02d" % (i + 1), "class": classes[i % len(classes)], "port": port})
+            self._raise_inotify_limit(len(rec["nodes"]))
+
+            nodes = self.nodes(rec)
+            lowerdirs = base.ensure_base(self.cache, mirror, self.log)
+            if rec.get("lowerdirs") and rec["lowerdirs"] != lowerdirs:
+                if any(n.mounted() for n in nodes):
+                    lowerdirs = rec["lowerdirs"]
+                    if not all(os.path.isdir(d) for d in lowerdirs):
+                        raise SimfleetError("the base this fleet runs on is gone; run `simfleet down` and `up` again")
+                else:
+                    self.log("the base changed since the fleet was made: nodes start fresh on the new base")
+                    for n in nodes:
+                        n.wipe()
+            rec["lowerdirs"] = lowerdirs
+            self._save(rec)
+
+            self._ensure_ssh_key()
+            key = aptrepo.ensure_key(self.dir, self.name)
+            packages = aptrepo.ensure_packages(self.cache, self.log)
+            if rec.get("packages_dir") != packages or not os.path.exists(os.path.join(self.dir, "repo", aptrepo.REPO_SUBDIR, "InRelease")):
+                aptrepo.build_repo(self.dir, packages, key)
+                rec["packages_dir"] = packages
+            rec["key"] = {"fingerprint": key.fingerprint, "keyring_path": key.keyring_path, "armored_path": key.armored_path}
+            self._save(rec)
+            aptrepo.start_server(self.dir, rec["repo_port"])
+
+            with open(self.ssh_key + ".pub", encoding="ascii") as f:
+                pubkey = f.read()
+            to_start = []
+            for n in nodes:
+                n.mount(lowerdirs)
+                n.provision(pubkey, gstate.initial_state, gstate.save_state)
+                if n.state() in ("running", "booting", "restarting", "hung"):
+                    continue
+                to_start.append(n)
+            for n in to_start:
+                n.start()
+            if to_start:
+                self.log("booting %d node(s): %s" % (len(to_start), ", ".join(n.name for n in to_start)))
+            self._wait_ready(nodes, timeout if timeout is not None else 60 + 4 * len(nodes))
+            self.write_inventory(rec)
+            self.log("fleet %s up: %d node(s) in %.1f s; inventory %s"
+                     % (self.name, len(nodes), time.monotonic() - started, self.inventory_path))
+        return self.status()
+
+    def _load_or_new(self, ports: str | None) -> dict[str, Any]:
+        if self.exists():
+            rec = self.record()
+            if rec.get("format") != FORMAT:
+                raise SimfleetError("fleet %s was made by another simfleet version; `down --purge` it" % self.name)
+            if ports and ports != rec["port_range"]:
+                parse_port_range(ports)
+                self.log("fleet %s keeps its ports from %s (asked %s)" % (self.name, rec["port_range"], ports))
+            return rec
+        port_range = ports or os.environ.get("SIMFLEET_PORTS") or DEFAULT_PORT_RANGE
+        parse_port_range(port_range)
+        return {
+            "format": FORMAT,
+            "name": self.name,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "port_range": port_range,
+            "layout": os.environ.get("SIMFLEET_LAYOUT") or DEFAULT_LAYOUT,
+            "repo_port": None,
+            "nodes": [],
+        }
+
+    def _ensure_ssh_key(self) -> None:
+        if os.path.exists(self.ssh_key) and os.path.exists(self.ssh_key + ".pub"):
+            return
+        os.makedirs(os.path.dirname(self.ssh_key), mode=0o700, exist_ok=True)
+        for p in (self.ssh_key, self.ssh_key + ".pub"):
+            if os.path.exists(p):
+                os.unlink(p)
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "simfleet-" + self.name, "-f", self.ssh_key])
+
+    def _raise_inotify_limit(self, nodes: int) -> None:
+        """Each booted node's systemd takes inotify instances from root's per-user limit."""
+        path = "/proc/sys/fs/inotify/max_user_instances"
+        try:
+            with open(path, encoding="ascii") as f:
+                current = int(f.read())
+            need = 128 + INOTIFY_PER_NODE * (nodes + self._nodes_of_other_fleets())
+            if current < need:
+                with open(path, "w", encoding="ascii") as f:
+                    f.write(str(need))
+                self.log("raised fs.inotify.max_user_instances from %d to %d for %d nodes" % (current, need, nodes))
+        except (OSError, ValueError) as exc:
+            self.log("could not check fs.inotify.max_user_instances: %s" % exc)
+
+    def _nodes_of_other_fleets(self) -> int:
+        total = 0
+        for path in glob.glob(os.path.join(self.cache, "fleets", "*", "fleet.json")):
+            if os.path.dirname(os.path.abspath(path)) != os.path.abspath(self.dir):
+                try:
+                    with open(path, encoding="utf-8") as f:
+                        total += len(json.load(f)["nodes"])
+                except (OSError, ValueError, KeyError):
+                    continue
+        return total
+
+    def _wait_ready(self, nodes: list[Node], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = [n for n in nodes if n.state() != "hung"]
+        while pending:
+            pending = [n for n in pending if not n.ssh_ready()]
+            if not pending:
+                return
+            failed = [n for n in pending if not n.supervisor_pid() and not n.nspawn_pid()]
+            if failed or time.monotonic() > deadline:
+                bad = failed or pending
+                details = "\n".join("--- %s (%s), last console lines:\n%s" % (n.name, n.state(), _tail(os.path.join(n.dir, "console.log")))
+                                    for n in bad[:3])
+                raise SimfleetError("node(s) %s did not come up%s\n%s" % (
+                    ", ".join(n.name for n in bad), "" if failed else " within %.0f s" % timeout, details))
+            time.sleep(0.2)
+
+    # ----- down
+    def down(self, purge: bool = False, timeout: float = 30.0) -> None:
+        """Stop every node and the repository server, unmount everything below the fleet directory.
+
+        Nodes get SIGTERM through their supervisor (a clean poweroff) and ``timeout`` seconds; then
+        their init, nspawn and supervisor are killed by pid. ``purge`` removes the fleet directory.
+        Raises SimfleetError when a mount or a recorded process is still there afterwards.
+        """
+        if not os.path.isdir(self.dir):
+            self.log("no fleet %s at %s" % (self.name, self.dir))
+            return
+        with self._lock():
+            nodes = self._all_nodes()
+            self._stop_nodes(nodes, timeout)
+            for n in nodes:
+                n.unmount()
+            aptrepo.stop_server(self.dir)
+            aptrepo.stop_gpg_agent(os.path.join(self.dir, "gpg"))
+            self._verify_down(nodes)
+            if purge:
+                if mounts_under(self.dir):
+                    raise SimfleetError("refusing to remove %s: still mounted below it" % self.dir)
+            self.log("fleet %s down" % self.name)
+        if purge:
+            shutil.rmtree(self.dir)
+            self.log("removed %s" % self.dir)
+
+    def _all_nodes(self) -> list[Node]:
+        """Nodes of fleet.json plus any node directory left without a record."""
+        nodes = self.nodes() if self.exists() else []
+        known = {n.name for n in nodes}
+        for d in sorted(glob.glob(os.path.join(self.dir, "nodes", "*"))):
+            name = os.path.basename(d)
+            if name not in known and os.path.isdir(d):
+                nodes.append(self._node({"name": name, "class": "unknown", "port": 0}))
+        return nodes
+
+    def _stop_nodes(self, nodes: list[Node], timeout: float) -> None:
+        pids: list[int] = []
+        for n in nodes:
+            pids += n.request_stop()
+        survivors = wait_gone(pids, timeout)
+        if survivors:
+            self.log("nodes did not power off within %.0f s; killing them" % timeout)
+            for n in nodes:
+                if n.running_pids():
+                    n.force_stop()
+            survivors = wait_gone(survivors, 10)
+            for pid in survivors:
+                send_signal(pid, signal.SIGKILL)
+            wait_gone(survivors, 5)
+
+    def _verify_down(self, nodes: list[Node]) -> None:
+        left_mounts = mounts_under(self.dir)
+        left_pids = [p for n in nodes for p in n.running_pids()]
+        repo = aptrepo.server_pid(self.dir)
+        if repo:
+            left_pids.append(repo)
+        if left_mounts or left_pids:
+            raise SimfleetError("fleet %s not fully down: mounts %s, processes %s" % (self.name, left_mounts, left_pids))
+
+    # ----- status / inventory
+    def status(self) -> dict[str, Any]:
+        """JSON-able state of the fleet: paths, repository server, every node (see Node.describe)."""
+        rec = self.record()
+        nodes = [n.describe() for n in self.nodes(rec)]
+        repo_pid = aptrepo.server_pid(self.dir)
+        return {
+            "name": self.name,
+            "dir": self.dir,
+            "inventory": self.inventory_path,
+            "ssh_key": self.ssh_key,
+            "port_range": rec["port_range"],
+            "repo": {
+                "port": rec.get("repo_port"),
+                "pid": repo_pid,
+                "state": "running" if repo_pid else "stopped",
+                "blocked": sorted(aptrepo.blocked(self.dir)),
+                "key": rec.get("key"),
+            },
+            "nodes": nodes,
+            "counts": {s: sum(1 for n in nodes if n["state"] == s) for s in sorted({n["state"] for n in nodes})},
+        }
+
+    def inventory_data(self, rec: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What the inventory renderers take: name, key paths, repo port, node entries."""
+        rec = rec if rec is not None else self.record()
+        if not rec.get("key"):
+            raise SimfleetError("fleet %s has no repository key yet; run `simfleet up`" % self.name)
+        return {
+            "name": self.name,
+            "ssh_key": self.ssh_key,
+            "repo_port": rec["repo_port"],
+            "key": rec["key"],
+            "nodes": [
+                dict(n, root=self._node(n).root, repo_url=aptrepo.repo_url(rec["repo_port"], n["name"]))
+                for n in rec["nodes"]
+            ],
+        }
+
+    def write_inventory(self, rec: dict[str, Any] | None = None) -> str:
+        data = self.inventory_data(rec)
+        write_atomic(self.inventory_path, inventory.render_yaml(data))
+        write_atomic(os.path.join(self.dir, "inventory.ini"), inventory.render_ini(data))
+        return self.inventory_path
+
+    # ----- faults, reset, reboot
+    def fault(self, node: str, kind: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Inject fault ``kind`` on ``node`` (``all``: every node); return what was done.
+
+        ``reboot_hang`` and ``repo_unreachable`` are handled here; ``clear`` clears those and is
+        also passed on; every other kind goes to ``simfleet.gpu.faults.apply_fault`` on the node's
+        state file (through the node's root mount).
+        """
+        args = dict(args or {})
+        targets = self.nodes() if node == "all" else [self.node(node)]
+        done: dict[str, Any] = {"fault": kind, "args": args, "nodes": [n.name for n in targets]}
+        if kind == "reboot_hang":
+            for n in targets:
+                n.hang_reboots(True)
+            return done
+        if kind == "repo_unreachable":
+            if node == "all":
+                aptrepo.set_blocked(self.dir, "*", True)
+            for n in targets:
+                aptrepo.set_blocked(self.dir, n.name, True)
+            return done
+        _, gstate, faults = _gpu()
+        if kind == "clear":
+            for n in targets:
+                n.hang_reboots(False)
+                aptrepo.set_blocked(self.dir, n.name, False)
+            if node == "all":
+                aptrepo.set_blocked(self.dir, "*", False)
+        for n in targets:
+            if not n.mounted():
+                raise SimfleetError("node %s is not mounted; bring the fleet up first" % n.name)
+            try:
+                st = gstate.load_state(n.state_path)
+                st = faults.apply_fault(st, kind, args)
+                gstate.save_state(n.state_path, st)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SimfleetError("fault %s %s on %s: %s" % (kind, args, n.name, exc)) from None
+        return done
+
+    def reset(self, names: Iterable[str] | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """Put nodes (default: all) back to fresh: stop, drop their writable layer, boot anew."""
+        profiles, gstate, _ = _gpu()
+        del profiles
+        with self._lock():
+            rec = self.record()
+            wanted = set(names or [])
+            nodes = [n for n in self.nodes(rec) if not wanted or n.name in wanted]
+            unknown = wanted - {n.name for n in nodes}
+            if unknown:
+                raise SimfleetError("no node(s) %s in fleet %s" % (", ".join(sorted(unknown)), self.name))
+            self._stop_nodes(nodes, 30)
+            with open(self.ssh_key + ".pub", encoding="ascii") as f:
+                pubkey = f.read()
+            for n in nodes:
+                n.wipe()
+                aptrepo.set_blocked(self.dir, n.name, False)
+                n.mount(rec["lowerdirs"])
+                n.provision(pubkey, gstate.initial_state, gstate.save_state)
+                n.start()
+            self._wait_ready(nodes, timeout if timeout is not None else 60 + 4 * len(nodes))
+        self.log("reset %s" % ", ".join(n.name for n in nodes))
+        return self.status()
+
+    def reboot(self, name: str, wait: bool = True, timeout: float = 120.0) -> str | None:
+        """Reboot a node the way an operator would (``systemctl reboot`` over SSH) and wait for it.
+
+        Returns the new boot id (None when not waiting, or when the reboot_hang fault holds the node
+        down). Raises SimfleetError when the node does not come back within ``timeout`` seconds.
+        """
+        n = self.node(name)
+        before = n.boot_id()
+        if not before:
+            raise SimfleetError("node %s is not running (state %s)" % (name, n.state()))
+        proc = n.ssh(self.ssh_key, ["systemctl", "reboot"], timeout=30)
+        if proc.returncode not in (0, 255):
+            raise SimfleetError("systemctl reboot on %s failed: %s" % (name, proc.stderr.strip()))
+        if not wait:
+            return None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if n.state() == "hung":
+                return None
+            now = n.boot_id()
+            if now and now != before and n.ssh_ready():
+                return now
+            time.sleep(0.2)
+        raise SimfleetError("node %s did not come back from its reboot within %.0f s" % (name, timeout))
+
+    def ssh(self, name: str, argv, **kwargs):
+        """Run a command on a node over SSH (see Node.ssh)."""
+        return self.node(name).ssh(self.ssh_key, argv, **kwargs)
+
+
+def _tail(path: str, lines: int = 12) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no console log)"
+
+
+def all_fleets(cache: str | None = None) -> list[str]:
+    """Names of the fleets recorded in the cache's fleets directory."""
+    root = os.path.join(cache or cache_dir(), "fleets")
+    return sorted(os.path.basename(os.path.dirname(p)) for p in glob.glob(os.path.join(root, "*", "fleet.json")))
+
+
+def in_use_layers(cache: str | None = None) -> set[str]:
+    """Base directories that some recorded fleet mounts its nodes on."""
+    used: set[str] = set()
+    root = os.path.join(cache or cache_dir(), "fleets")
+    for path in glob.glob(os.path.join(root, "*", "fleet.json")):
+        try:
+            with open(path, encoding="utf-8") as f:
+                used.update(os.path.dirname(d) for d in json.load(f).get("lowerdirs") or [])
+        except (OSError, ValueError):
+            continue
+    return used
+
+
+__all__ = ["Fleet", "parse_layout", "parse_fault_args", "all_fleets", "in_use_layers", "pid_alive"]
