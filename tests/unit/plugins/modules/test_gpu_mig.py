@@ -9,11 +9,12 @@ run; MIG devices vanish at boot or reset; nvidia-smi -r refuses busy GPUs "In us
 
 import json
 import os
+from unittest import mock
 import stat
 import sys
 
 import pytest
-from ansible.module_utils.common import warnings as module_warnings
+from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
 
 SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "simfleet")
@@ -87,17 +88,26 @@ def fault(root, kind, args):
 
 
 def run_module(args, capsys, check_mode=False, diff=False):
-    """Run main() as Ansible does: one process per run, so no warning is carried over from a previous run."""
-    getattr(module_warnings, "_global_warnings", {}).clear()
+    """Run main() as Ansible does; the result carries ``_warned``, every text given to module.warn()."""
+    warned = []
+    original = AnsibleModule.warn
+
+    def record(self, warning, *more, **kwargs):
+        warned.append(warning)
+        return original(self, warning, *more, **kwargs)
+
     args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
-    with patch_module_args(args):
+    with patch_module_args(args), mock.patch.object(AnsibleModule, "warn", record):
         with pytest.raises(SystemExit) as exit_info:
             gpu_mig.main()
-    return exit_info.value.code, json.loads(capsys.readouterr().out)
+    result = json.loads(capsys.readouterr().out)
+    result["_warned"] = warned
+    return exit_info.value.code, result
 
 
 def warnings_of(result):
-    return [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+    """The warnings the module gave (whether the core returns them in the result or shows them itself)."""
+    return result["_warned"]
 
 
 def layout_in_state(gpu):
