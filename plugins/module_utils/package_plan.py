@@ -178,7 +178,10 @@ def package_set(distribution: str, branch: str, kernel_module_type: str, fabric_
     Sources: docs/packages.md (NVIDIA CUDA repository listings, the Driver Installation Guide's
     compute-only installation, NVIDIA/gpu-driver-container install scripts).
 
-    :returns: ``[{"name": str, "role": "driver"|"kernel"|"fabric_manager"|"pin"}]`` in install order.
+    NSCQ (``libnvidia-nscq``, the NVSwitch library DCGM reads) is installed where the repository
+    offers it at the driver version; Fabric Manager itself does not need it.
+
+    :returns: ``[{"name": str, "role": "driver"|"kernel"|"fabric_manager"|"nscq"|"pin"}]`` in install order.
     :raises PlanError: ``unsupported_distribution`` or ``bad_request`` (flavour not open/proprietary).
     """
     _check_distribution(distribution)
@@ -199,7 +202,7 @@ def package_set(distribution: str, branch: str, kernel_module_type: str, fabric_
             names.append(("nvidia-persistenced", "driver"))
         if fabric_manager:
             sfx = "-%d" % b if b <= 575 else ""
-            names += [("nvidia-fabricmanager" + sfx, "fabric_manager"), ("libnvidia-nscq" + sfx, "fabric_manager")]
+            names += [("nvidia-fabricmanager" + sfx, "fabric_manager"), ("libnvidia-nscq" + sfx, "nscq")]
     elif distribution.startswith("ubuntu"):
         sfx = "-%d" % b if b <= 580 else ""
         flav = "-open" if open_ else ""
@@ -213,7 +216,7 @@ def package_set(distribution: str, branch: str, kernel_module_type: str, fabric_
                   ("nvidia-modprobe", "driver")]
         if fabric_manager:
             fsfx = "-%d" % b if b <= 575 else ""
-            names += [("nvidia-fabricmanager" + fsfx, "fabric_manager"), ("libnvidia-nscq" + fsfx, "fabric_manager")]
+            names += [("nvidia-fabricmanager" + fsfx, "fabric_manager"), ("libnvidia-nscq" + fsfx, "nscq")]
     else:
         names += [("nvidia-driver-cuda", "driver"),
                   ("nvidia-driver-cuda-libs", "driver"),
@@ -225,9 +228,9 @@ def package_set(distribution: str, branch: str, kernel_module_type: str, fabric_
             names.append(("nvidia-persistenced", "driver"))
         if fabric_manager:
             if b >= 580:
-                names += [("nvidia-fabricmanager", "fabric_manager"), ("libnvidia-nscq", "fabric_manager")]
+                names += [("nvidia-fabricmanager", "fabric_manager"), ("libnvidia-nscq", "nscq")]
             else:
-                names += [("nvidia-fabric-manager", "fabric_manager"), ("libnvidia-nscq-%d" % b, "fabric_manager")]
+                names += [("nvidia-fabric-manager", "fabric_manager"), ("libnvidia-nscq-%d" % b, "nscq")]
     pin = pin_package_name(distribution, branch)
     result = []
     if pin:
@@ -456,7 +459,8 @@ def plan_transaction(distribution: str, branch: str, version: str, kernel_module
     :param current_preferences: apt: the current content of the pin file, to tell whether it changes.
     :returns: ``{"distribution", "package_manager", "branch", "version", "kernel_module_type",
         "generation", "current_version", "packages": [{"name", "version", "role", "installed_version"}],
-        "install": [str], "remove": [str], "unhold": [str], "hold": [str], "pin_package": str|None,
+        "install": [str], "remove": [str], "skipped": [str] (optional packages the repository lacks),
+        "unhold": [str], "hold": [str], "pin_package": str|None,
         "preferences": {"path", "content"}|None, "origin_preferences": {"path", "content"}|None,
         "module": {"name", "stream", "current", "reset": bool}|None, "versionlock": [str]|None,
         "swap": [[old, new]], "steps": [{"name", "argv"|"path"+"content"}],
@@ -507,6 +511,7 @@ def plan_transaction(distribution: str, branch: str, version: str, kernel_module
 
     packages = []
     missing = []
+    skipped = []
     for item in wanted:
         name = item["name"]
         if item["role"] == "pin":
@@ -518,6 +523,9 @@ def plan_transaction(distribution: str, branch: str, version: str, kernel_module
         else:
             full = _pick_version(name, version, available, distribution)
             if full is None and available is not None:
+                if item["role"] == "nscq":
+                    skipped.append(name)
+                    continue
                 missing.append("%s=%s" % (name, version))
                 continue
         packages.append({
@@ -547,6 +555,7 @@ def plan_transaction(distribution: str, branch: str, version: str, kernel_module
         "packages": packages,
         "remove": removals,
         "pin_package": pin_package_name(distribution, branch),
+        "skipped": skipped,
     })
     downgrade = bool(current_version) and version_key(current_version) > version_key(version)
     upgrade = bool(current_version) and version_key(current_version) < version_key(version)

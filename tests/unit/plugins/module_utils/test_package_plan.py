@@ -460,3 +460,14 @@ def test_dnf_repository_config(dist):
     assert cfg["key_url"] == "https://developer.download.nvidia.com/compute/cuda/repos/%s/x86_64/D42D0685.pub" % dist
     assert "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/%s/x86_64/\n" % dist in cfg["repo_content"]
     assert "gpgcheck=1\ngpgkey=file:///etc/pki/rpm-gpg/gpufleet-nvidia-driver.asc\n" in cfg["repo_content"]
+
+
+def test_nscq_is_skipped_where_the_repository_lacks_it():
+    repo = debian_repo("620.70.06")
+    del repo["libnvidia-nscq"]
+    plan = pp.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
+    assert "nvidia-fabricmanager=620.70.06-1" in plan["install"]
+    assert plan["skipped"] == ["libnvidia-nscq"]
+    del repo["nvidia-fabricmanager"]
+    with pytest.raises(pp.PlanError):
+        pp.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
