@@ -1,0 +1,177 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Fault injection into a node's GPU state (pure: takes and returns the state dict).
+
+Kinds (``args`` is a dict, or a list of ``key=value`` / positional strings from a command line):
+
+- ``build_fail``: ``version`` (or ``*`` for every version). The kernel-module packages'
+  maintainer scripts fail to "build" that version (exit 10, package left half-configured).
+- ``gpu_lost``: ``gpu`` (physical index), ``when`` = ``next_boot`` (default) | ``now``. The GPU
+  falls off the bus: Xid 79 in the kernel log of that boot, NVML raises GpuIsLost for it and
+  nvidia-smi cannot get its handle; after the following reboot it is absent from the bus
+  (NVML count and nvidia-smi are one GPU short), until ``clear``.
+- ``xid_storm``: ``xid``, ``count`` (default 10), ``gpu`` (index or ``all``, default 0):
+  that many Xid lines appended to the current boot's kernel log.
+- ``nvml_not_supported``: ``field`` (one of :data:`FIELDS`), ``gpu`` (index or ``all``, default
+  ``all``): NVML raises NotSupported for that field, nvidia-smi prints N/A.
+- ``version_mismatch``: ``loaded_version`` (optional). From the next boot on, the loaded
+  module is that version (default: a version of the same branch other than the one on disk),
+  so NVML init fails with LibRmVersionMismatch while userspace stays as installed.
+- ``gpu_busy``: ``gpu`` (index or ``all``), ``count`` (default 1): compute processes run on the
+  GPU (until the next boot): MIG mode changes raise InUse, ``nvidia-smi -r`` is refused.
+- ``clear``: ``kind`` (optional): remove every fault (or those of one kind); lost GPUs are back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from . import catalog, klog
+
+KINDS = ("build_fail", "gpu_lost", "xid_storm", "nvml_not_supported", "version_mismatch", "gpu_busy", "clear")
+
+#: Field names accepted by ``nvml_not_supported`` -> what they cover (NVML calls / nvidia-smi elements).
+FIELDS: Dict[str, str] = {
+    "power_limit": "nvmlDeviceGet/SetPowerManagementLimit, DefaultLimit, LimitConstraints, EnforcedPowerLimit",
+    "power_usage": "nvmlDeviceGetPowerUsage, GetTotalEnergyConsumption",
+    "persistence_mode": "nvmlDeviceGet/SetPersistenceMode",
+    "compute_mode": "nvmlDeviceGet/SetComputeMode",
+    "ecc_mode": "nvmlDeviceGet/SetEccMode",
+    "ecc_errors": "nvmlDeviceGetTotalEccErrors, GetMemoryErrorCounter",
+    "remapped_rows": "nvmlDeviceGetRemappedRows",
+    "retired_pages": "nvmlDeviceGetRetiredPages(_v2), GetRetiredPagesPendingStatus",
+    "mig_mode": "nvmlDeviceGet/SetMigMode",
+    "clocks": "nvmlDeviceGetClockInfo, GetMaxClockInfo, GetApplicationsClock",
+    "clocks_event_reasons": "nvmlDeviceGetCurrentClocksEventReasons (and ...ThrottleReasons)",
+    "temperature": "nvmlDeviceGetTemperature(V), GetTemperatureThreshold",
+    "pcie": "nvmlDeviceGetCurr/MaxPcieLinkGeneration/Width, GetGpuMaxPcieLinkGeneration",
+    "utilization": "nvmlDeviceGetUtilizationRates",
+    "memory": "nvmlDeviceGetMemoryInfo, GetBAR1MemoryInfo",
+    "processes": "nvmlDeviceGetComputeRunningProcesses",
+    "serial": "nvmlDeviceGetSerial",
+    "vbios_version": "nvmlDeviceGetVbiosVersion",
+    "performance_state": "nvmlDeviceGetPerformanceState",
+}
+
+_POSITIONAL = {
+    "build_fail": ["version"],
+    "gpu_lost": ["gpu", "when"],
+    "xid_storm": ["xid", "count", "gpu"],
+    "nvml_not_supported": ["field", "gpu"],
+    "version_mismatch": ["loaded_version"],
+    "gpu_busy": ["gpu", "count"],
+    "clear": ["kind"],
+}
+
+
+def empty_faults() -> Dict[str, Any]:
+    """The ``faults`` dict of a healthy node."""
+    return {"build_fail": [], "gpu_lost": [], "version_mismatch": None}
+
+
+def _normalize(kind: str, args: Union[None, Dict[str, Any], Sequence[str]]) -> Dict[str, Any]:
+    if args is None:
+        return {}
+    if isinstance(args, dict):
+        return dict(args)
+    out: Dict[str, Any] = {}
+    names = list(_POSITIONAL[kind])
+    for item in args:
+        if "=" in str(item):
+            key, value = str(item).split("=", 1)
+            out[key.strip()] = value.strip()
+        elif names:
+            out[names.pop(0)] = item
+        else:
+            raise ValueError("fault %s: unexpected argument %r" % (kind, item))
+    return out
+
+
+def _gpu_indexes(state: Dict[str, Any], value: Any, default: Any) -> List[int]:
+    value = default if value in (None, "") else value
+    count = len(state["gpus"])
+    if str(value) == "all":
+        return list(range(count))
+    index = int(value)
+    if not 0 <= index < count:
+        raise ValueError("no GPU %d on this node (it has %d)" % (index, count))
+    return [index]
+
+
+def apply_fault(state: Dict[str, Any], kind: str, args: Union[None, Dict[str, Any], Sequence[str]] = None) -> Dict[str, Any]:
+    """Apply one fault to ``state`` (changed in place and returned). Raises ValueError on bad input."""
+    if kind not in KINDS:
+        raise ValueError("unknown fault kind %r (known: %s)" % (kind, ", ".join(KINDS)))
+    opts = _normalize(kind, args)
+    faults = state.setdefault("faults", empty_faults())
+    for key, value in empty_faults().items():
+        faults.setdefault(key, value)
+
+    if kind == "build_fail":
+        version = str(opts.get("version") or "*")
+        if version == "all":
+            version = "*"
+        if version not in faults["build_fail"]:
+            faults["build_fail"].append(version)
+    elif kind == "gpu_lost":
+        when = str(opts.get("when") or "next_boot")
+        if when not in ("next_boot", "now"):
+            raise ValueError("gpu_lost: when must be next_boot or now, not %r" % when)
+        for index in _gpu_indexes(state, opts.get("gpu"), 0):
+            gpu = state["gpus"][index]
+            if when == "now":
+                if gpu.get("bus_state", "ok") == "ok":
+                    gpu["bus_state"] = "lost"
+                    for line in klog.xid_lines(gpu, 79, catalog.XID_TEXT[79][0]):
+                        klog.append(state, line)
+            elif index not in [entry["gpu"] for entry in faults["gpu_lost"]]:
+                faults["gpu_lost"].append({"gpu": index})
+    elif kind == "xid_storm":
+        xid = int(opts.get("xid") or 0)
+        if xid <= 0:
+            raise ValueError("xid_storm needs an xid code")
+        count = int(opts.get("count") or 10)
+        text, process = catalog.XID_TEXT.get(xid, ("Unknown Error", None))
+        for index in _gpu_indexes(state, opts.get("gpu"), 0):
+            gpu = state["gpus"][index]
+            for n in range(count):
+                pid = 4000 + 17 * n if process else None
+                for line in klog.xid_lines(gpu, xid, text, pid=pid, process=process):
+                    klog.append(state, line)
+    elif kind == "nvml_not_supported":
+        field = str(opts.get("field") or "")
+        if field not in FIELDS:
+            raise ValueError("nvml_not_supported: unknown field %r (known: %s)" % (field, ", ".join(sorted(FIELDS))))
+        for index in _gpu_indexes(state, opts.get("gpu"), "all"):
+            listed = state["gpus"][index].setdefault("not_supported", [])
+            if field not in listed:
+                listed.append(field)
+    elif kind == "version_mismatch":
+        faults["version_mismatch"] = {"loaded_version": opts.get("loaded_version") or None}
+    elif kind == "gpu_busy":
+        count = int(opts.get("count") or 1)
+        for index in _gpu_indexes(state, opts.get("gpu"), "all"):
+            procs = state["gpus"][index].setdefault("processes", [])
+            for n in range(count):
+                procs.append({"pid": 31000 + 100 * index + len(procs) + n, "name": "python3",
+                              "used_mib": 1024, "gpu_instance_id": None, "compute_instance_id": None})
+    else:  # clear
+        only: Optional[str] = opts.get("kind") or None
+        if only and only not in KINDS:
+            raise ValueError("clear: unknown kind %r" % only)
+        if only in (None, "build_fail"):
+            faults["build_fail"] = []
+        if only in (None, "version_mismatch"):
+            faults["version_mismatch"] = None
+        if only in (None, "gpu_lost"):
+            faults["gpu_lost"] = []
+            for gpu in state["gpus"]:
+                gpu["bus_state"] = "ok"
+        if only in (None, "nvml_not_supported"):
+            for gpu in state["gpus"]:
+                gpu["not_supported"] = []
+        if only in (None, "gpu_busy"):
+            for gpu in state["gpus"]:
+                gpu["processes"] = []
+    return state
