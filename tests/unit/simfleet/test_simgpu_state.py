@@ -1,0 +1,126 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""GPU profiles, state files, fault validation and the node files."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from simfleet.gpu import nodefiles
+from simfleet.gpu.faults import apply_fault
+from simfleet.gpu.profiles import PROFILES
+from simfleet.gpu.state import initial_state, load_state, save_state, update_state, write_node_root
+
+KERNEL = "6.1.0-31-amd64"
+
+
+@pytest.mark.parametrize("profile, count, name, arch, power_w, mig_profiles", [
+    ("h100", 8, "NVIDIA H100 80GB HBM3", "Hopper", (700, 200, 700), 7),
+    ("a100", 8, "NVIDIA A100-SXM4-40GB", "Ampere", (400, 100, 400), 7),
+    ("l40s", 4, "NVIDIA L40S", "Ada Lovelace", (350, 100, 350), 0),
+    ("v100", 8, "Tesla V100-SXM2-32GB", "Volta", (300, 150, 300), 0),
+    ("b200", 8, "NVIDIA B200", "Blackwell", (1000, 200, 1000), 7),
+])
+def test_profiles(profile, count, name, arch, power_w, mig_profiles):
+    state = initial_state(profile, "node-1")
+    gpus = state["gpus"]
+    assert len(gpus) == count
+    assert {g["name"] for g in gpus} == {name}
+    assert {g["architecture"] for g in gpus} == {arch}
+    power = gpus[0]["power"]
+    assert (power["default_mw"], power["min_mw"], power["max_mw"]) == tuple(w * 1000 for w in power_w)
+    assert len(gpus[0]["mig"]["profiles"]) == mig_profiles
+    assert len({g["uuid"] for g in gpus}) == count
+    assert all(g["pci"]["bus_id"].startswith("00000000:") for g in gpus)
+    assert json.loads(json.dumps(state)) == state
+
+
+def test_profile_facts():
+    assert PROFILES["b200"]["open_modules_only"] is True
+    assert [PROFILES[p]["nvswitch"] for p in ("h100", "a100", "l40s", "v100", "b200")] == [
+        True, True, False, False, True]
+    h100_1g = [p for p in initial_state("h100", "n")["gpus"][0]["mig"]["profiles"] if p["name"] == "1g.10gb"][0]
+    assert (h100_1g["id"], h100_1g["max_count"], h100_1g["sm"]) == (19, 7, 16)
+
+
+def test_state_is_node_specific_and_stable():
+    assert initial_state("h100", "a")["gpus"][0]["uuid"] == initial_state("h100", "a")["gpus"][0]["uuid"]
+    assert initial_state("h100", "a")["gpus"][0]["uuid"] != initial_state("h100", "b")["gpus"][0]["uuid"]
+
+
+def test_concurrent_updates_are_not_lost(tmp_path):
+    path = str(tmp_path / "state.json")
+    save_state(path, {"counter": 0})
+
+    def bump():
+        for _ in range(25):
+            update_state(path, lambda s: s.__setitem__("counter", s["counter"] + 1))
+
+    threads = [threading.Thread(target=bump) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert load_state(path)["counter"] == 150
+
+
+@pytest.mark.parametrize("kind, args, message", [
+    ("melt", {}, "unknown fault kind 'melt'"),
+    ("nvml_not_supported", {"field": "color"}, "unknown field 'color'"),
+    ("gpu_lost", {"gpu": 9}, "no GPU 9 on this node (it has 8)"),
+    ("gpu_lost", {"gpu": 1, "when": "later"}, "when must be next_boot or now"),
+])
+def test_fault_validation(kind, args, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        apply_fault(initial_state("h100", "n"), kind, args)
+
+
+def test_fault_command_line_args_and_clear():
+    state = initial_state("h100", "n")
+    apply_fault(state, "build_fail", ["580.178.04"])
+    apply_fault(state, "nvml_not_supported", ["field=ecc_mode", "gpu=3"])
+    apply_fault(state, "gpu_lost", ["5", "now"])
+    assert state["faults"]["build_fail"] == ["580.178.04"]
+    assert state["gpus"][3]["not_supported"] == ["ecc_mode"]
+    assert state["gpus"][5]["bus_state"] == "lost"
+    apply_fault(state, "clear", [])
+    assert state["faults"]["build_fail"] == []
+    assert state["gpus"][3]["not_supported"] == []
+    assert state["gpus"][5]["bus_state"] == "ok"
+
+
+def test_install_into_rootfs_and_the_drop_in_as_pynvml(tmp_path):
+    rootfs = str(tmp_path / "rootfs")
+    os.makedirs(os.path.join(rootfs, "usr/lib/python3.11"))
+    written = nodefiles.install_into_rootfs(rootfs)
+    assert "/usr/local/lib/python3.11/dist-packages/pynvml.py" in written
+    assert os.readlink(os.path.join(rootfs, "usr/local/lib/python3.11/dist-packages/pynvml.py")) == \
+        "/usr/lib/simgpu/pynvml-dropin/pynvml.py"
+    assert os.readlink(os.path.join(rootfs, "etc/systemd/system/multi-user.target.wants/simgpu-boot.service")) == \
+        "/usr/lib/systemd/system/simgpu-boot.service"
+    assert os.access(os.path.join(rootfs, "usr/lib/simgpu/bin/simgpu"), os.X_OK)
+    assert os.access(os.path.join(rootfs, "usr/local/bin/dmesg"), os.X_OK)
+    assert nodefiles.install_into_rootfs(rootfs) == written
+    assert nodefiles.node_files_digest() == nodefiles.node_files_digest()
+
+    node_root = str(tmp_path / "node")
+    write_node_root(node_root, initial_state("b200", "n"), userspace_version="595.91.07", kernel_release=KERNEL)
+    env = dict(os.environ, SIMGPU_ROOT=node_root, SIMGPU_KERNEL_RELEASE=KERNEL)
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "import pynvml\n"
+            "pynvml.nvmlInit()\n"
+            "print(pynvml.__name__, pynvml.NVMLError_NotSupported.__module__, pynvml.SIMGPU_REAL_SOURCE.split('/')[-1])\n"
+            "print(pynvml.nvmlSystemGetDriverVersion(), pynvml.nvmlDeviceGetCount())\n"
+            % os.path.join(rootfs, "usr/lib/simgpu/pynvml-dropin"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+    assert out.splitlines() == ["pynvml pynvml nvidia_ml_py_pynvml.py", "595.91.07 8"]
+    smi = subprocess.run([sys.executable, os.path.join(rootfs, "usr/lib/simgpu/bin/simgpu"), "nvidia-smi", "-L"],
+                         env=env, capture_output=True, text=True)
+    assert smi.returncode == 0
+    assert smi.stdout.splitlines()[0].startswith("GPU 0: NVIDIA B200 (UUID: GPU-")
