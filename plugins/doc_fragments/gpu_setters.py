@@ -16,7 +16,7 @@ options:
     description:
       - When V(true), a setting the GPU does not support (NVML C(NotSupported)) fails the task, before
         anything is changed where it can be known in advance.
-      - When V(false), such a setting is reported in RV(unsupported) and skipped.
+      - When V(false), such a setting is reported in the result and in a warning, and skipped.
     type: bool
     default: false
 notes:
@@ -30,4 +30,3 @@ notes:
 requirements:
   - nvidia-ml-py (the C(pynvml) module) on the managed node.
 """
-

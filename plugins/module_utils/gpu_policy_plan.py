@@ -198,8 +198,8 @@ def normalize_policy(spec: Dict[str, Any]) -> Dict[str, Any]:
     mode = compute_mode_key(spec.get("compute_mode"))
     if mode is not None:
         if mode not in COMPUTE_MODES:
-            errors.append("compute_mode must be one of %s, got %r" % (", ".join(sorted(COMPUTE_MODES)),
-                                                                     spec.get("compute_mode")))
+            errors.append("compute_mode must be one of %s, got %r" % (
+                ", ".join(sorted(COMPUTE_MODES)), spec.get("compute_mode")))
         else:
             policy["compute_mode"] = mode
     if errors:
@@ -280,8 +280,8 @@ def power_limit_errors(policy: Dict[str, Any], gpus: List[Dict[str, Any]]) -> Li
         if wanted < float(low) - 0.0005 or wanted > float(high) + 0.0005:
             how = ""
             if policy.get("power_limit_percent") is not None:
-                how = " (%s%% of the default %s W)" % (fmt_w(policy["power_limit_percent"]),
-                                                      fmt_w(gpu["power"].get("default_limit_w")))
+                how = " (%s%% of the default %s W)" % (
+                    fmt_w(policy["power_limit_percent"]), fmt_w(gpu["power"].get("default_limit_w")))
             errors.append("%s: power limit %s W%s is outside its range [%s, %s] W" % (
                 describe_gpu(gpu), fmt_w(wanted), how, fmt_w(low), fmt_w(high)))
     return errors
@@ -305,8 +305,8 @@ def gpu_pending(gpu: Dict[str, Any]) -> Dict[str, List[str]]:
     rows = gpu.get("remapped_rows") or {}
     if rows.get("pending"):
         reset.append("row remapping pending (%s uncorrectable, %s correctable rows): reset the GPU or reboot "
-                     "for the remap to take effect, then check again" % (rows.get("uncorrectable"),
-                                                                          rows.get("correctable")))
+                     "for the remap to take effect, then check again" % (
+                         rows.get("uncorrectable"), rows.get("correctable")))
     pages = gpu.get("retired_pages") or {}
     if pages.get("pending"):
         reset.append("page retirement pending: reset the GPU or reboot for it to take effect")
@@ -432,8 +432,8 @@ def _plan_gpu(policy: Dict[str, Any], gpu: Dict[str, Any]) -> Dict[str, Any]:
                 "enforced": seen["enforced_power_limit_w"],
                 "reason": "requested limit is %s W but the enforced limit is %s W: another limiter "
                           "(out-of-band/BMC cap, module or board power limit) holds it lower; setting "
-                          "the same request again does not change it" % (fmt_w(seen["power_limit_w"]),
-                                                                          fmt_w(seen["enforced_power_limit_w"])),
+                          "the same request again does not change it" % (
+                              fmt_w(seen["power_limit_w"]), fmt_w(seen["enforced_power_limit_w"])),
             })
     for key in ("persistence_mode", "compute_mode"):
         if key not in wanted:
@@ -601,4 +601,3 @@ def diff_value(seen: Dict[str, Any], setting: str) -> Any:
     if setting == "ecc_mode" and seen.get("ecc_mode_pending") is not None:
         return seen["ecc_mode_pending"]
     return seen.get(setting)
-

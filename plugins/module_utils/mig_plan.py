@@ -397,11 +397,11 @@ def assert_messages(plan: Dict[str, Any]) -> List[str]:
             state = "enabled" if before["mode_current"] else "disabled"
             if before["mode_pending"] != before["mode_current"]:
                 state += " (pending %s)" % ("enabled" if before["mode_pending"] else "disabled")
-            messages.append("%s: MIG mode %s, wanted %s" % (name, state,
-                                                           "enabled" if wanted["mig_enabled"] else "disabled"))
+            messages.append("%s: MIG mode %s, wanted %s" % (
+                name, state, "enabled" if wanted["mig_enabled"] else "disabled"))
         elif wanted["mig_enabled"] and before["mig_devices"] != wanted["mig_devices"]:
-            messages.append("%s: MIG devices %s, wanted %s" % (name, format_layout(before["mig_devices"]),
-                                                              format_layout(wanted["mig_devices"])))
+            messages.append("%s: MIG devices %s, wanted %s" % (
+                name, format_layout(before["mig_devices"]), format_layout(wanted["mig_devices"])))
     return messages
 
 

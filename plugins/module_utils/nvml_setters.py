@@ -333,7 +333,6 @@ def first_fatal(results: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     return None
 
 
-
 def assess_policy(plan: Dict[str, Any], after_gpus: List[Dict[str, Any]],
                   errors: Dict[str, Optional[str]]) -> Dict[str, Any]:
     """Judge what a run did, from the plan, the setters' errors and the values read back.

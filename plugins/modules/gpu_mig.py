@@ -87,7 +87,7 @@ seealso:
     description: MIG profiles, GPU reset and the MIG mode.
     link: https://docs.nvidia.com/datacenter/tesla/mig-user-guide/
 author:
-  - gpufleet.nvidia contributors
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""

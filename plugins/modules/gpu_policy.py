@@ -78,7 +78,7 @@ seealso:
     description: The NVML setters this module calls.
     link: https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceCommands.html
 author:
-  - gpufleet.nvidia contributors
+  - gpufleet maintainers (@gpufleet)
 """
 
 EXAMPLES = r"""
@@ -252,7 +252,7 @@ def _gpu_entries(plan, assessment=None, check_mode=False):
             "prior": gpu_plan["prior"],
             "reset_required": report["reset_required"],
             "reboot_required": report["reboot_required"] or (
-                [reason for reason in gpu_plan["reboot_required"]] if check_mode else []),
+                list(gpu_plan["reboot_required"]) if check_mode else []),
         })
     return entries
 
