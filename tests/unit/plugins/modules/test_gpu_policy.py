@@ -11,10 +11,14 @@ NoPermission for non-root).
 
 import json
 import os
+import shutil
+import subprocess
 from unittest import mock
 import sys
 
+import pynvml as real_pynvml
 import pytest
+import yaml
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
 
@@ -22,6 +26,7 @@ SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", 
 if SIMFLEET not in sys.path:
     sys.path.insert(0, SIMFLEET)
 
+from simfleet.gpu import PYNVML_DROPIN  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu import load_pynvml as load_sim_pynvml  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu.faults import apply_fault  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu.state import (  # noqa: E402  pylint: disable=wrong-import-position
@@ -245,3 +250,79 @@ def test_driver_not_loaded_is_a_clear_error(node, capsys, tmp_path):
     assert code == 1
     assert result["nvml_error"] == "DriverNotLoaded"
     assert "NVIDIA kernel module is not loaded" in result["msg"]
+
+
+# --- the role's boot-time re-apply program, run as the boot unit runs it ---------------------------
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "..")
+BOOT_PROGRAM = os.path.join(REPO, "roles", "gpu_policy", "files", "gpu_policy_boot.py")
+ROLE_VARS = os.path.join(REPO, "roles", "gpu_policy", "vars", "main.yml")
+
+
+def _install_boot_program(lib_dir):
+    """Lay out the program's library as the role's boot_unit.yml does: only the files vars/main.yml lists."""
+    with open(ROLE_VARS) as handle:
+        names = yaml.safe_load(handle)["__gpu_policy_module_utils"]
+    target = os.path.join(lib_dir, "ansible_collections", "gpufleet", "nvidia", "plugins", "module_utils")
+    os.makedirs(target)
+    for name in names:
+        shutil.copy(os.path.join(REPO, "plugins", "module_utils", name), target)
+
+
+def _run_boot_program(tmp_path, root, config):
+    lib = str(tmp_path / "lib")
+    _install_boot_program(lib)
+    policy = str(tmp_path / "gpu_policy.json")
+    report = str(tmp_path / "state" / "boot-report.json")
+    with open(policy, "w") as handle:
+        json.dump(config, handle)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SIMGPU_ROOT": root,
+           "SIMGPU_REAL_PYNVML": real_pynvml.__file__,
+           "PYTHONPATH": os.path.dirname(PYNVML_DROPIN)}
+    done = subprocess.run([sys.executable, "-s", BOOT_PROGRAM, "--policy", policy, "--report", report,
+                           "--lib", lib], env=env, capture_output=True, text=True, check=False)
+    with open(report) as handle:
+        return done, json.load(handle)
+
+
+def test_boot_program_brings_power_persistence_compute_mode_and_mig_back(node, capsys, tmp_path):
+    root = node("h100")
+    run_module(H100_POLICY, capsys)
+    update_state(state_path(root), lambda state: [gpu["mig"].update(current=1, pending=1)
+                                                   for gpu in state["gpus"][:2]])
+    boot_node_root(root)  # power back to 700 W, persistence off, compute mode Default, MIG devices gone
+    assert state_of(root)["gpus"][0]["power"]["limit_mw"] == 700000
+    config = {"policy": {"gpus": ["all"], "power_limit_w": 600, "power_limit_percent": None, "persistence_mode": True,
+                         "compute_mode": "exclusive_process"},
+              "mig": {"config": None, "label": None,
+                      "layout": [{"devices": [0, 1], "mig-enabled": True, "mig-devices": {"3g.40gb": 2}}]},
+              "strict": False, "wait_s": 0}
+    done, report = _run_boot_program(tmp_path, root, config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert report["ok"] is True and report["errors"] == []
+    assert [g["in_effect"]["power_limit_w"] for g in report["gpus"]] == [600.0] * 8
+    assert {g["in_effect"]["persistence_mode"] for g in report["gpus"]} == {True}
+    assert [m["in_effect"] for m in report["mig"]] == [{"mig_enabled": True, "mig_devices": {"3g.40gb": 2}}] * 2
+    states = state_of(root)["gpus"]
+    assert {(g["power"]["limit_mw"], g["persistence_mode"], g["compute_mode"]) for g in states} == {(600000, 1, 3)}
+    assert [len(g["mig"]["instances"]) for g in states] == [2, 2, 0, 0, 0, 0, 0, 0]
+    assert "GPU policy at boot: in effect (8 GPU(s), 2 MIG GPU(s))" in done.stdout
+
+
+def test_boot_program_reports_what_is_not_in_effect(node, tmp_path):
+    root = node("h100")
+    fault(root, "nvml_not_supported", {"field": "persistence_mode", "gpu": 5})
+    config = {"policy": {"gpus": ["all"], "power_limit_w": 650, "persistence_mode": True}, "wait_s": 0}
+    done, report = _run_boot_program(tmp_path, root, config)
+    assert done.returncode == 0, done.stdout + done.stderr  # unsupported is reported and skipped
+    statuses = dict((r["setting"], r["status"]) for r in report["gpus"][5]["results"])
+    assert statuses == {"power_limit_w": "applied", "persistence_mode": "unsupported"}
+
+
+def test_boot_program_without_a_loaded_driver_exits_2(node, tmp_path):
+    root = node("l40s")
+    write_node_root(root, state_of(root), loaded=False)
+    done, report = _run_boot_program(tmp_path, root, {"policy": {"persistence_mode": True}, "wait_s": 0})
+    assert done.returncode == 2
+    assert report["ok"] is False
+    assert "NVIDIA kernel module is not loaded" in report["errors"][0]
