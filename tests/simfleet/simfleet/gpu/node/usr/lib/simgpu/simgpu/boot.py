@@ -103,7 +103,12 @@ def boot(root: Optional[str] = None, release: Optional[str] = None, boot_id: Opt
     def mutate(state: Dict[str, Any]) -> Dict[str, Any]:
         lost = device.apply_boot_rules(state, boot_id, now, release)
         result: Dict[str, Any] = {"boot_id": boot_id, "loaded": None, "reason": None, "lost": lost, "gpus": []}
-        klog.append(state, "systemd[1]: Started simgpu-boot.service - Simulated GPU boot unit.", at=3.2)
+        clock = [4.101217]
+
+        def log(text: str) -> None:
+            klog.append(state, text, at=clock[0])
+            clock[0] += 0.013171
+
         if on_disk is None:
             result["reason"] = "no_module"
             return result
@@ -111,38 +116,38 @@ def boot(root: Optional[str] = None, release: Optional[str] = None, boot_id: Opt
         mismatch = (state.get("faults") or {}).get("version_mismatch")
         if mismatch:
             version = mismatch.get("loaded_version") or _stale_version(version)
-        klog.append(state, "nvidia: loading out-of-tree module taints kernel.", at=4.101217)
+        log("nvidia: loading out-of-tree module taints kernel.")
         if flavor == "proprietary":
-            klog.append(state, "nvidia: module license 'NVIDIA' taints kernel.")
-            klog.append(state, "Disabling lock debugging due to kernel taint")
-        klog.append(state, "nvidia: module verification failed: signature and/or required key missing - tainting kernel")
-        klog.append(state, "nvidia-nvlink: Nvlink Core is being initialized, major device number 234")
+            log("nvidia: module license 'NVIDIA' taints kernel.")
+            log("Disabling lock debugging due to kernel taint")
+        log("nvidia: module verification failed: signature and/or required key missing - tainting kernel")
+        log("nvidia-nvlink: Nvlink Core is being initialized, major device number 234")
         present = [g for g in state["gpus"] if device.bus_state(g) != "absent"]
         driven = []
         for gpu in present:
             problem = catalog.support_problem(gpu["architecture"], version, flavor)
             if problem:
                 for line in _probe_failure_lines(gpu, problem, version):
-                    klog.append(state, line)
+                    log(line)
             else:
                 driven.append(gpu)
         if not driven:
             if present:
-                klog.append(state, "NVRM: The NVIDIA probe routine failed for %d device(s)." % len(present))
-            klog.append(state, "NVRM: None of the NVIDIA devices were initialized.")
-            klog.append(state, "nvidia-nvlink: Unregistered Nvlink Core, major device number 234")
+                log("NVRM: The NVIDIA probe routine failed for %d device(s)." % len(present))
+            log("NVRM: None of the NVIDIA devices were initialized.")
+            log("nvidia-nvlink: Unregistered Nvlink Core, major device number 234")
             result["reason"] = "no_supported_gpu"
             return result
         for gpu in driven:
             bus = gpu["pci"]["bus_id"][4:].lower()
-            klog.append(state, "nvidia %s: enabling device (0000 -> 0002)" % bus)
-        klog.append(state, driver.load_banner(version, flavor))
-        klog.append(state, "nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms  %s" % version)
-        klog.append(state, "nvidia-uvm: Loaded the UVM driver, major device number 510.")
+            log("nvidia %s: enabling device (0000 -> 0002)" % bus)
+        log(driver.load_banner(version, flavor))
+        log("nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver for UNIX platforms  %s" % version)
+        log("nvidia-uvm: Loaded the UVM driver, major device number 510.")
         for index in lost:
             gpu = state["gpus"][index]
             for line in klog.xid_lines(gpu, 79, catalog.XID_TEXT[79][0]):
-                klog.append(state, line)
+                log(line)
         result["loaded"] = {"version": version, "flavor": flavor}
         result["gpus"] = [dict(g) for g in driven]
         return result
