@@ -1,0 +1,451 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The drift engine: every node's facts against the declared state of its GPU class.
+
+Input per node: its name, its GPU class (the inventory group, ``gpu_h100`` ...), its
+``ansible_facts.nvidia`` document (docs/facts.md) or ``None`` when no facts were found, and the
+declared state (:func:`declared_state` of the node's variables, the same variables the ``driver``
+and ``gpu_policy`` roles read). Output: findings ``{node, class, check, severity, gpu, expected,
+actual, message}`` per node, rolled up per class and for the fleet (:func:`build_report`).
+
+Checks (:data:`CHECKS`) and their severity:
+
+* ``facts_missing`` (critical), ``facts_stale`` (warning);
+* ``driver_state`` (critical): ``driver.state`` is not ``ok``;
+* ``driver_branch`` (critical): the loaded branch is not the declared one (a branch class such
+  as ``ltsb`` is resolved for the node's GPU architectures with the branch catalog, so a V100
+  node on R580 is in sync with ``ltsb`` while an H100 node on R580 is not);
+* ``driver_version`` (warning): the declared exact version is not the loaded one (same branch);
+* ``driver_declared_invalid`` (critical): the declared driver cannot serve this node's GPUs;
+* ``kernel_module_type`` (warning), ``driver_not_pinned`` (warning: an NVIDIA package not held);
+* ``gpu_count`` (critical): fewer or more GPUs than ``gpufleet_gpu_count``; ``gpu_unreadable``
+  (critical);
+* ``fatal_xid`` (critical): a fatal Xid in the node's current kernel log;
+* ``power_limit_w``, ``persistence_mode``, ``ecc_mode``, ``compute_mode`` (warning): a managed
+  setting neither in effect nor pending as declared (``gpu_policy_plan.policy_report``);
+  ``ecc_mode_pending`` (info): the declared ECC mode waits for a reboot;
+* ``mig_mode``, ``mig_layout`` (warning): MIG mode or GPU instances differ from the declared
+  mig-parted layout;
+* ``remapped_rows_failed`` (critical), ``remapped_rows_pending`` (warning).
+
+One pass over the nodes, constant work per GPU: linear in the fleet. Declarations are normalised
+once per distinct declaration and driver resolutions are memoised per (request, architectures).
+Pure: no I/O (fact sources and renderers live on the controller, ``plugins/plugin_utils``).
+Python 3.9 compatible.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_policy_plan
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_plan
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import versions_match
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import fatal_xid_counts
+
+SEVERITIES = ("info", "warning", "critical")
+
+#: check → (severity, what it means)
+CHECKS = {
+    "facts_missing": ("critical", "no facts for the node"),
+    "facts_stale": ("warning", "the facts are older than the allowed age"),
+    "driver_state": ("critical", "driver.state is not ok"),
+    "driver_branch": ("critical", "the loaded driver branch is not the declared branch"),
+    "driver_version": ("warning", "the loaded driver version is not the declared version"),
+    "driver_declared_invalid": ("critical", "the declared driver cannot serve the node's GPUs"),
+    "kernel_module_type": ("warning", "the kernel module flavour is not the declared one"),
+    "driver_not_pinned": ("warning", "an NVIDIA driver package is not held"),
+    "gpu_count": ("critical", "the number of GPUs differs from the declared count"),
+    "gpu_unreadable": ("critical", "a GPU cannot be read"),
+    "fatal_xid": ("critical", "a fatal Xid is in the current kernel log"),
+    "power_limit_w": ("warning", "the power limit in effect is not the declared one"),
+    "persistence_mode": ("warning", "persistence mode is not the declared one"),
+    "ecc_mode": ("warning", "ECC mode is not the declared one (neither now nor pending)"),
+    "ecc_mode_pending": ("info", "the declared ECC mode waits for a reboot"),
+    "compute_mode": ("warning", "compute mode is not the declared one"),
+    "mig_mode": ("warning", "MIG mode is not the declared one"),
+    "mig_layout": ("warning", "MIG GPU instances are not the declared layout"),
+    "mig_declared_invalid": ("critical", "the declared MIG layout does not fit the node"),
+    "policy_declared_invalid": ("critical", "the declared GPU policy is invalid"),
+    "remapped_rows_failed": ("critical", "a row remapping failed: the GPU needs inspection"),
+    "remapped_rows_pending": ("warning", "a row remapping waits for a GPU reset"),
+}
+
+#: Node variables read by :func:`declared_state` (the roles' public variables).
+DECLARED_VARIABLES = (
+    "driver_version", "driver_branch", "driver_kernel_module_type", "driver_allow_eol", "driver_gpu_architectures",
+    "gpu_policy_gpus", "gpu_policy_power_limit_w", "gpu_policy_power_limit_percent", "gpu_policy_persistence_mode",
+    "gpu_policy_ecc_mode", "gpu_policy_compute_mode", "gpu_policy_mig_config", "gpu_policy_mig_label",
+    "gpu_policy_mig_layout", "gpufleet_gpu_count",
+)
+
+
+def severity_rank(severity: Optional[str]) -> int:
+    """``info`` 0, ``warning`` 1, ``critical`` 2; -1 for ``None``/unknown."""
+    return SEVERITIES.index(severity) if severity in SEVERITIES else -1
+
+
+def declared_state(variables: Mapping[str, Any]) -> Dict[str, Any]:
+    """The declared state of a node from its variables (group_vars of its GPU class, host_vars).
+
+    :param variables: a mapping holding any of :data:`DECLARED_VARIABLES`: the ``driver`` role's
+        ``driver_branch`` (``ltsb``/``pb``/``nfb``/``"580"``), ``driver_version`` (exact, or empty),
+        ``driver_kernel_module_type``, ``driver_allow_eol``, ``driver_gpu_architectures``; the
+        ``gpu_policy`` role's ``gpu_policy_*`` variables; ``gpufleet_gpu_count`` (GPUs per node).
+        Missing or empty values are "not declared".
+    :returns: ``{"driver": {"branch", "version", "kernel_module_type", "allow_eol",
+        "architectures"}, "policy": {policy spec of gpu_policy_plan.normalize_policy} | None,
+        "mig": {"config", "label", "layout"} | None, "gpu_count": int | None}``.
+    """
+    def value(name: str) -> Any:
+        item = variables.get(name)
+        if isinstance(item, str) and not item.strip():
+            return None
+        return item
+
+    policy = {
+        "gpus": value("gpu_policy_gpus"),
+        "power_limit_w": value("gpu_policy_power_limit_w"),
+        "power_limit_percent": value("gpu_policy_power_limit_percent"),
+        "persistence_mode": value("gpu_policy_persistence_mode"),
+        "ecc_mode": value("gpu_policy_ecc_mode"),
+        "compute_mode": value("gpu_policy_compute_mode"),
+    }
+    managed = any(policy[key] is not None for key in policy if key != "gpus")
+    mig = None
+    if value("gpu_policy_mig_layout") is not None or value("gpu_policy_mig_config") is not None:
+        mig = {"config": value("gpu_policy_mig_config"), "label": value("gpu_policy_mig_label"),
+               "layout": value("gpu_policy_mig_layout")}
+    kmt = value("driver_kernel_module_type")
+    count = value("gpufleet_gpu_count")
+    return {
+        "driver": {
+            "branch": str(value("driver_branch")) if value("driver_branch") is not None else None,
+            "version": value("driver_version"),
+            "kernel_module_type": kmt if kmt in ("open", "proprietary") else None,
+            "allow_eol": bool(value("driver_allow_eol")),
+            "architectures": list(value("driver_gpu_architectures") or []),
+        },
+        "policy": policy if managed else None,
+        "mig": mig,
+        "gpu_count": int(count) if count is not None else None,
+    }
+
+
+class DriftEngine(object):
+    """Judge nodes against declarations; memoises what is shared between nodes.
+
+    :param catalog: the branch catalog (``branch_catalog.get_catalog()`` by default).
+    :param today: ``YYYY-MM-DD`` for end-of-life decisions (default: the catalog's ``as_of``).
+    :param max_age_s: facts older than this (``facts_age_s`` of a node) are ``facts_stale``;
+        ``None`` disables the check.
+    """
+
+    def __init__(self, catalog: Optional[Dict[str, Any]] = None, today: Optional[str] = None,
+                 max_age_s: Optional[float] = None):
+        self.catalog = catalog or branch_catalog.get_catalog()
+        self.today = today
+        self.max_age_s = max_age_s
+        self._resolved = {}  # type: Dict[Tuple[Any, ...], Tuple[Optional[str], Optional[str], Optional[str]]]
+        self._policies = {}  # type: Dict[str, Any]
+        self._mig = {}  # type: Dict[str, Any]
+
+    # ----- memoised pieces
+    def expected_branch(self, declared_driver: Mapping[str, Any], architectures: Tuple[str, ...]
+                        ) -> Tuple[Optional[str], Optional[str], Optional[str]]:
+        """``(branch, version, error)`` the declaration resolves to for these architectures.
+
+        A branch number is taken as is; a class (``ltsb``...) is resolved with
+        ``branch_catalog.resolve_driver`` (newest branch of the class serving every architecture,
+        end of life honoured). ``error`` is the refusal's message when the request cannot serve
+        the GPUs. Source: the branch catalog (docs/driver.md).
+        """
+        branch = declared_driver.get("branch")
+        version = declared_driver.get("version")
+        key = (branch, version, declared_driver.get("kernel_module_type"), declared_driver.get("allow_eol"),
+               architectures)
+        if key in self._resolved:
+            return self._resolved[key]
+        if branch is None and version is None:
+            answer = (None, None, None)  # type: Tuple[Optional[str], Optional[str], Optional[str]]
+        elif not architectures:
+            parsed = branch_catalog.parse_branch(branch) if branch else None
+            if version:
+                parsed = str(version).split(".", 1)[0]
+            answer = (parsed, version, None)
+        else:
+            try:
+                resolved = branch_catalog.resolve_driver(
+                    self.catalog, branch=branch or str(version).split(".", 1)[0], gpus=list(architectures),
+                    today=self.today, version=version or None,
+                    kernel_module_type=declared_driver.get("kernel_module_type") or "auto",
+                    allow_eol=bool(declared_driver.get("allow_eol")))
+                answer = (resolved["branch"], version or None, None)
+            except branch_catalog.ResolutionError as err:
+                if err.code in ("version_unknown", "version_not_in_repository") and version:
+                    answer = (str(version).split(".", 1)[0], version, None)
+                else:
+                    answer = (None, version, err.message)
+        self._resolved[key] = answer
+        return answer
+
+    def policy(self, spec: Mapping[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+        """Normalised policy (memoised per distinct spec) or the error text."""
+        key = json.dumps(spec, sort_keys=True, default=str)
+        if key not in self._policies:
+            try:
+                self._policies[key] = (gpu_policy_plan.normalize_policy(dict(spec)), None)
+            except gpu_policy_plan.PolicyError as err:
+                self._policies[key] = (None, "; ".join(err.errors))
+        return self._policies[key]
+
+    def mig_entries(self, mig: Mapping[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], Optional[str]]:
+        """Parsed mig-parted entries (memoised) or the error text."""
+        key = json.dumps(mig, sort_keys=True, default=str)
+        if key not in self._mig:
+            try:
+                if mig.get("layout") is not None:
+                    entries = mig_plan.parse_mig_config(mig["layout"])
+                else:
+                    entries = mig_plan.parse_mig_config(mig.get("config"), mig.get("label"))
+                self._mig[key] = (entries, None)
+            except mig_plan.MigConfigError as err:
+                self._mig[key] = (None, "; ".join(getattr(err, "errors", None) or [str(err)]))
+        return self._mig[key]
+
+    # ----- one node
+    def node_findings(self, node: str, klass: str, facts: Optional[Mapping[str, Any]],
+                      declared: Mapping[str, Any], facts_age_s: Optional[float] = None) -> List[Dict[str, Any]]:
+        """Findings for one node.
+
+        :param node: inventory name; :param klass: GPU class (group name).
+        :param facts: ``ansible_facts.nvidia`` or ``None``.
+        :param declared: :func:`declared_state` of the node's variables.
+        :param facts_age_s: age of the facts in seconds (fact cache file time), if known.
+        :returns: a list of findings ``{node, class, check, severity, gpu, expected, actual,
+            message}`` (``gpu`` is an NVML index or ``None`` for node-wide findings).
+        """
+        out = []  # type: List[Dict[str, Any]]
+
+        def add(check: str, message: str, expected: Any = None, actual: Any = None, gpu: Any = None) -> None:
+            out.append({"node": node, "class": klass, "check": check, "severity": CHECKS[check][0], "gpu": gpu,
+                        "expected": expected, "actual": actual, "message": message})
+
+        if not isinstance(facts, Mapping) or not isinstance(facts.get("driver"), Mapping):
+            add("facts_missing", "no NVIDIA facts for this node (run gpu_facts, or check the fact cache)")
+            return out
+        if self.max_age_s is not None and facts_age_s is not None and facts_age_s > self.max_age_s:
+            add("facts_stale", "facts are %d s old (allowed %d s)" % (facts_age_s, self.max_age_s),
+                expected=self.max_age_s, actual=int(facts_age_s))
+        self._driver_findings(add, facts, declared)
+        gpus = facts.get("gpus") or []
+        count = facts.get("gpu_count")
+        count = len(gpus) if count is None else int(count)
+        want = declared.get("gpu_count")
+        if want is not None and count != want:
+            add("gpu_count", "%d GPU(s) visible, %d declared" % (count, want), expected=want, actual=count)
+        for gpu in gpus:
+            if gpu.get("readable") is False:
+                add("gpu_unreadable", "GPU %s (%s) cannot be read: %s" % (
+                    gpu.get("index"), gpu.get("pci_bus_id"), ", ".join(gpu.get("errors") or []) or "unknown error"),
+                    gpu=gpu.get("index"))
+            rows = gpu.get("remapped_rows") or {}
+            if rows.get("failed"):
+                add("remapped_rows_failed", "GPU %s: a row remapping failed; inspect the GPU" % gpu.get("index"),
+                    gpu=gpu.get("index"))
+            elif rows.get("pending"):
+                add("remapped_rows_pending", "GPU %s: a row remapping waits for a GPU reset" % gpu.get("index"),
+                    gpu=gpu.get("index"))
+        fatal = fatal_xid_counts(facts)
+        if fatal:
+            add("fatal_xid", "fatal Xid in the current kernel log: %s" % ", ".join(
+                "Xid %s ×%d" % (key, fatal[key]) for key in sorted(fatal, key=int)), actual=sorted(int(k) for k in fatal))
+        readable = [gpu for gpu in gpus if gpu.get("readable") is not False]
+        if declared.get("policy"):
+            self._policy_findings(add, readable, declared["policy"])
+        if declared.get("mig"):
+            self._mig_findings(add, readable, declared["mig"])
+        return out
+
+    def _driver_findings(self, add: Any, facts: Mapping[str, Any], declared: Mapping[str, Any]) -> None:
+        driver = facts.get("driver") or {}
+        state = driver.get("state")
+        if state != "ok":
+            add("driver_state", "driver state %s%s" % (state, (": " + "; ".join(driver.get("state_reasons") or []))
+                                                       if driver.get("state_reasons") else ""),
+                expected="ok", actual=state)
+        want = declared.get("driver") or {}
+        loaded = driver.get("loaded_version") or driver.get("userspace_version")
+        if want.get("branch") or want.get("version"):
+            try:
+                info = branch_catalog.node_architectures(facts.get("gpus") or [], None)
+                archs = tuple(info["architectures"]) or tuple(
+                    branch_catalog.normalize_architecture(a) for a in want.get("architectures") or [])
+            except (branch_catalog.ResolutionError, ValueError):
+                archs = ()
+            branch, version, error = self.expected_branch(want, archs)
+            if error:
+                add("driver_declared_invalid", error, expected=want.get("branch"), actual=loaded)
+            loaded_branch = loaded.split(".", 1)[0] if loaded else None
+            if branch and loaded_branch != branch:
+                why = ""
+                if want.get("branch") and branch_catalog.parse_branch(want["branch"]) is None:
+                    why = " (%s resolves to R%s for %s)" % (
+                        want["branch"], branch,
+                        ", ".join(branch_catalog.architecture_display(a) for a in archs) or "these GPUs")
+                add("driver_branch", "driver branch %s, declared R%s%s" % (
+                    ("R" + loaded_branch) if loaded_branch else "none", branch, why), expected=branch,
+                    actual=loaded_branch)
+            elif version and not versions_match(loaded, version):
+                add("driver_version", "driver %s, declared %s" % (loaded, version), expected=version, actual=loaded)
+        kmt = want.get("kernel_module_type")
+        if kmt and driver.get("kernel_module_type") and driver.get("kernel_module_type") != kmt:
+            add("kernel_module_type", "%s kernel modules, declared %s" % (driver.get("kernel_module_type"), kmt),
+                expected=kmt, actual=driver.get("kernel_module_type"))
+        unheld = [pkg.get("name") for pkg in driver.get("packages") or [] if pkg.get("held") is False]
+        if unheld and driver.get("package_manager") == "dpkg":
+            add("driver_not_pinned", "not held: %s" % ", ".join(sorted(unheld)), expected="held", actual=sorted(unheld))
+
+    def _policy_findings(self, add: Any, gpus: List[Dict[str, Any]], spec: Mapping[str, Any]) -> None:
+        policy, error = self.policy(spec)
+        if error:
+            add("policy_declared_invalid", error)
+            return
+        try:
+            chosen = gpu_policy_plan.select_gpus(policy["gpus"], gpus)
+        except gpu_policy_plan.PolicyError as err:
+            add("policy_declared_invalid", "; ".join(err.errors))
+            return
+        for gpu in chosen:
+            report = gpu_policy_plan.policy_report(policy, gpu)
+            for setting in report["drift"]:
+                add(setting, "GPU %s: %s is %s, declared %s" % (
+                    gpu.get("index"), setting, _show(report["in_effect"].get(setting)),
+                    _show(report["wanted"].get(setting))),
+                    expected=report["wanted"].get(setting), actual=report["in_effect"].get(setting),
+                    gpu=gpu.get("index"))
+            if "ecc_mode" in report["pending"] and report["pending"]["ecc_mode"] == report["wanted"].get("ecc_mode"):
+                add("ecc_mode_pending", "GPU %s: ECC %s after the next reboot" % (
+                    gpu.get("index"), _show(report["pending"]["ecc_mode"])),
+                    expected=report["wanted"].get("ecc_mode"), actual=report["in_effect"].get("ecc_mode"),
+                    gpu=gpu.get("index"))
+
+    def _mig_findings(self, add: Any, gpus: List[Dict[str, Any]], mig: Mapping[str, Any]) -> None:
+        entries, error = self.mig_entries(mig)
+        if error:
+            add("mig_declared_invalid", error)
+            return
+        try:
+            layout = mig_plan.resolve_layout(entries, gpus)
+        except mig_plan.MigConfigError as err:
+            add("mig_declared_invalid", "; ".join(getattr(err, "errors", None) or [str(err)]))
+            return
+        by_index = dict((gpu.get("index"), gpu) for gpu in gpus)
+        for index in sorted(layout):
+            wanted = layout[index]
+            gpu = by_index[index]
+            current = bool((gpu.get("mig") or {}).get("mode_current"))
+            if current != bool(wanted["mig_enabled"]):
+                add("mig_mode", "GPU %s: MIG %s, declared %s" % (index, _show(current), _show(wanted["mig_enabled"])),
+                    expected=bool(wanted["mig_enabled"]), actual=current, gpu=index)
+                continue
+            if wanted["mig_enabled"]:
+                have = mig_plan.current_layout(gpu)
+                if have != dict(wanted["mig_devices"]):
+                    add("mig_layout", "GPU %s: MIG instances %s, declared %s" % (
+                        index, mig_plan.format_layout(have) or "none", mig_plan.format_layout(wanted["mig_devices"])),
+                        expected=dict(wanted["mig_devices"]), actual=have, gpu=index)
+
+
+def _show(value: Any) -> str:
+    if value is True:
+        return "enabled"
+    if value is False:
+        return "disabled"
+    if isinstance(value, float):
+        return ("%.3f" % value).rstrip("0").rstrip(".") + " W"
+    return "none" if value is None else str(value)
+
+
+def build_report(nodes: Iterable[Mapping[str, Any]], engine: Optional[DriftEngine] = None,
+                 generated_at: Optional[str] = None, source: Optional[str] = None) -> Dict[str, Any]:
+    """Judge every node and roll the findings up per class and for the fleet.
+
+    :param nodes: ``{"node": name, "class": group name, "facts": ansible_facts.nvidia | None,
+        "declared": declared_state(...), "facts_age_s": float | None}`` per node, any order.
+    :param engine: a :class:`DriftEngine` (a fresh one by default).
+    :param generated_at: ISO 8601 time to put in the report; :param source: where the facts came
+        from (``live``, ``dir:<path>``, ``jsonfile:<path>``).
+    :returns: ``{"generated_at", "source", "summary": {"nodes", "in_sync", "drifted", "missing",
+        "findings", "by_severity": {severity: n}, "by_check": {check: n}, "worst_severity"},
+        "classes": {class: {"nodes", "in_sync", "drifted", "missing", "by_check", "worst_severity",
+        "drifted_nodes": [names]}}, "nodes": {name: {"class", "in_sync", "worst_severity",
+        "findings": [...], "driver": {"loaded", "state"}}}, "findings": [all findings, node order]}``.
+        A node is ``in_sync`` when it has no finding above ``info``; ``missing`` when its facts
+        are missing.
+    """
+    engine = engine or DriftEngine()
+    summary = {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "findings": 0,
+               "by_severity": dict((s, 0) for s in SEVERITIES), "by_check": {}, "worst_severity": None}
+    classes = {}  # type: Dict[str, Dict[str, Any]]
+    per_node = {}  # type: Dict[str, Dict[str, Any]]
+    findings = []  # type: List[Dict[str, Any]]
+    for item in nodes:
+        name = item["node"]
+        klass = item.get("class") or "unclassified"
+        facts = item.get("facts")
+        found = engine.node_findings(name, klass, facts, item.get("declared") or {}, item.get("facts_age_s"))
+        worst = max([severity_rank(f["severity"]) for f in found] or [-1])
+        in_sync = worst < severity_rank("warning")
+        missing = any(f["check"] == "facts_missing" for f in found)
+        driver = (facts or {}).get("driver") or {} if isinstance(facts, Mapping) else {}
+        per_node[name] = {
+            "class": klass,
+            "in_sync": in_sync,
+            "worst_severity": SEVERITIES[worst] if worst >= 0 else None,
+            "findings": found,
+            "driver": {"loaded": driver.get("loaded_version"), "state": driver.get("state")},
+        }
+        entry = classes.setdefault(klass, {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "by_check": {},
+                                           "worst_severity": None, "drifted_nodes": []})
+        entry["nodes"] += 1
+        summary["nodes"] += 1
+        if missing:
+            entry["missing"] += 1
+            summary["missing"] += 1
+        if in_sync:
+            entry["in_sync"] += 1
+            summary["in_sync"] += 1
+        else:
+            entry["drifted"] += 1
+            summary["drifted"] += 1
+            entry["drifted_nodes"].append(name)
+        if severity_rank(per_node[name]["worst_severity"]) > severity_rank(entry["worst_severity"]):
+            entry["worst_severity"] = per_node[name]["worst_severity"]
+        for finding in found:
+            summary["findings"] += 1
+            summary["by_severity"][finding["severity"]] += 1
+            summary["by_check"][finding["check"]] = summary["by_check"].get(finding["check"], 0) + 1
+            entry["by_check"][finding["check"]] = entry["by_check"].get(finding["check"], 0) + 1
+            findings.append(finding)
+    worst_all = max([severity_rank(c["worst_severity"]) for c in classes.values()] or [-1])
+    summary["worst_severity"] = SEVERITIES[worst_all] if worst_all >= 0 else None
+    return {"generated_at": generated_at, "source": source, "summary": summary, "classes": classes,
+            "nodes": per_node, "findings": findings}
+
+
+def exit_code(report: Mapping[str, Any], report_only: bool = False, fail_on: str = "warning") -> int:
+    """Exit status of a drift run: 0 in sync (or ``report_only``), 2 when a finding reaches ``fail_on``.
+
+    :param fail_on: ``info``, ``warning`` (default) or ``critical``.
+    :raises ValueError: for another ``fail_on``.
+    """
+    if fail_on not in SEVERITIES:
+        raise ValueError("fail_on must be one of %s, got %r" % (", ".join(SEVERITIES), fail_on))
+    if report_only:
+        return 0
+    worst = severity_rank(report["summary"].get("worst_severity"))
+    return 2 if worst >= severity_rank(fail_on) else 0

@@ -1,0 +1,175 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller-side readers of saved ``ansible_facts.nvidia`` documents, for the drift report.
+
+Three on-disk shapes are read (I/O is the purpose of this module):
+
+* a directory of ``<host>.json`` files, as ``playbooks/facts.yml`` writes with
+  ``gpufleet_facts_dir`` (each file the ``nvidia`` document itself, or a whole facts dict that holds
+  it under ``nvidia`` / ``ansible_nvidia`` / ``ansible_facts.nvidia``);
+* Ansible's ``jsonfile`` fact cache (``fact_caching = jsonfile``). ansible-core 2.19 writes one
+  file per host named ``<prefix>s1_<host>`` (the cache plugin's prefix, then the cache schema
+  id ``s1_`` added by ansible-core's ``PluginInterposer``) holding ``{"__payload__": "<json>"}``,
+  where the inner JSON may wrap values carrying Ansible data tags as
+  ``{"value": ..., "tags": [...], "__ansible_type": "_AnsibleTaggedStr"}``. Older ansible-core
+  and AWX's artifacts fact cache (``fact_cache/<host>``) write plain JSON named ``<prefix><host>``.
+  Both are handled;
+* one facts dict per host from a live run (``hostvars[host].ansible_facts``), see
+  :func:`nvidia_from_host_facts`.
+
+Source of the cache format: ansible-core ``lib/ansible/_internal/_plugins/_cache.py``
+(``_PAYLOAD_KEY``, ``_get_wrapped_key_prefix``) and ``lib/ansible/plugins/cache/__init__.py``
+(``_get_cache_file_name``: ``<dir>/<prefix><key>``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+_SCHEMA_PREFIX = re.compile(r"^s\d+_")
+_PAYLOAD_KEY = "__payload__"
+_TYPE_KEY = "__ansible_type"
+
+
+class FactSourceError(Exception):
+    """A fact source that cannot be read at all (missing directory, unreadable file)."""
+
+
+def _untag(obj: Dict[str, Any]) -> Any:
+    """``json.loads`` object hook: drop Ansible's data tags, keep the plain value."""
+    if _TYPE_KEY in obj:
+        return obj.get("value")
+    return obj
+
+
+def decode_cache_text(text: str) -> Tuple[Any, bool]:
+    """Decode one fact cache file's text.
+
+    :param text: the file content.
+    :returns: ``(facts, wrapped)``: the facts dict with Ansible's data tags removed, and whether
+        the file used ansible-core 2.19's ``{"__payload__": ...}`` wrapper.
+    :raises ValueError: when the text (or the payload) is not JSON.
+    """
+    outer = json.loads(text, object_hook=_untag)
+    if isinstance(outer, dict) and isinstance(outer.get(_PAYLOAD_KEY), str) and len(outer) == 1:
+        return json.loads(outer[_PAYLOAD_KEY], object_hook=_untag), True
+    return outer, False
+
+
+def nvidia_from_host_facts(facts: Any) -> Optional[Dict[str, Any]]:
+    """Find the ``nvidia`` document in what a source holds for a host.
+
+    :param facts: a host's facts (``{"nvidia": ...}``, ``{"ansible_nvidia": ...}``,
+        ``{"ansible_facts": {"nvidia": ...}}``) or the ``nvidia`` document itself (it has
+        ``schema_version`` and ``driver``).
+    :returns: the document or ``None``.
+    """
+    if not isinstance(facts, Mapping):
+        return None
+    if "driver" in facts and "schema_version" in facts:
+        return dict(facts)
+    for key in ("nvidia", "ansible_nvidia"):
+        value = facts.get(key)
+        if isinstance(value, Mapping):
+            return dict(value)
+    inner = facts.get("ansible_facts")
+    if isinstance(inner, Mapping):
+        return nvidia_from_host_facts(inner)
+    return None
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            return handle.read()
+    except (IOError, OSError) as err:
+        raise FactSourceError("cannot read %s: %s" % (path, err))
+
+
+def _check_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        raise FactSourceError("fact source %s is not a directory" % path)
+
+
+def read_fact_dir(path: str, hosts: Optional[Iterable[str]] = None,
+                  now: Optional[float] = None) -> Dict[str, Dict[str, Any]]:
+    """Read ``<path>/<host>.json`` files.
+
+    :param path: the directory. :param hosts: only these hosts (others are not read); ``None``
+        for every ``*.json`` file. :param now: epoch seconds for ages (default: now).
+    :returns: ``{host: {"facts": nvidia document | None, "age_s": float, "path": str,
+        "error": str | None, "wrapped": bool (ansible-core 2.19 payload)}}`` for each file found.
+    :raises FactSourceError: when ``path`` is not a directory.
+    """
+    _check_dir(path)
+    now = time.time() if now is None else now
+    out = {}  # type: Dict[str, Dict[str, Any]]
+    if hosts is None:
+        names = [name[:-5] for name in os.listdir(path) if name.endswith(".json") and not name.startswith(".")]
+    else:
+        names = list(hosts)
+    for host in names:
+        file_path = os.path.join(path, host + ".json")
+        if not os.path.isfile(file_path):
+            continue
+        out[host] = _entry(file_path, now)
+    return out
+
+
+def _entry(file_path: str, now: float) -> Dict[str, Any]:
+    try:
+        facts, wrapped = decode_cache_text(_read(file_path))
+        error = None
+    except ValueError as err:
+        facts, wrapped, error = None, False, "not JSON: %s" % err
+    document = nvidia_from_host_facts(facts)
+    if document is None and error is None:
+        error = "no nvidia facts in the file"
+    return {"facts": document, "age_s": max(0.0, now - os.path.getmtime(file_path)), "path": file_path,
+            "error": error, "wrapped": wrapped}
+
+
+def read_jsonfile_cache(path: str, prefix: str = "", hosts: Optional[Iterable[str]] = None,
+                        now: Optional[float] = None) -> Dict[str, Dict[str, Any]]:
+    """Read Ansible's ``jsonfile`` fact cache (ansible-core 2.19 and older) or AWX's fact cache.
+
+    :param path: the cache directory (``fact_caching_connection``; AWX: ``artifacts/<job>/fact_cache``).
+    :param prefix: ``fact_caching_prefix`` (default none).
+    :param hosts: only these hosts; ``None`` for every file.
+    :returns: like :func:`read_fact_dir`. When a host has both a 2.19 (``s1_``) and an old file,
+        the 2.19 one wins.
+    :raises FactSourceError: when ``path`` is not a directory.
+    """
+    _check_dir(path)
+    now = time.time() if now is None else now
+    out = {}  # type: Dict[str, Dict[str, Any]]
+    wrapped_hosts = set()
+    if hosts is not None:
+        for host in hosts:
+            for candidate in (prefix + "s1_" + host, prefix + host):
+                file_path = os.path.join(path, candidate)
+                if os.path.isfile(file_path):
+                    out[host] = _entry(file_path, now)
+                    break
+        return out
+    for name in sorted(os.listdir(path)):
+        if name.startswith(".") or not name.startswith(prefix):
+            continue
+        file_path = os.path.join(path, name)
+        if not os.path.isfile(file_path):
+            continue
+        rest = name[len(prefix):]
+        entry = _entry(file_path, now)
+        match = _SCHEMA_PREFIX.match(rest)
+        if match and entry["wrapped"]:
+            host = rest[match.end():]
+            wrapped_hosts.add(host)
+            out[host] = entry
+        elif rest not in wrapped_hosts and rest not in out:
+            out[rest] = entry
+    return out

@@ -1,0 +1,147 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The drift_report action plugin and playbooks/drift_report.yml, run by ansible-playbook on the controller.
+
+Facts come from a directory of JSON files, so no node is contacted; the inventory gives the GPU
+classes and the declared state (group_vars), as in production.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.gpufleet.nvidia.plugins.action.drift_report import host_classes
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+
+INVENTORY = """\
+all:
+  children:
+    gpu_h100:
+      hosts:
+        h1: {}
+        h2: {}
+        h3: {}
+      vars:
+        driver_branch: ltsb
+        gpu_policy_power_limit_w: 600
+        gpufleet_gpu_count: 8
+    gpu_v100:
+      hosts:
+        v1: {}
+      vars:
+        driver_branch: ltsb
+        gpufleet_gpu_count: 8
+"""
+
+
+def facts(arch, name, version, limit_w):
+    doc = new_facts("nvml")
+    doc["driver"].update(userspace_version=version, loaded_version=version, on_disk_version=version,
+                         state="ok", branch=version.split(".")[0])
+    for index in range(8):
+        gpu = new_gpu(index)
+        gpu.update(name=name, architecture=arch, uuid="GPU-%d" % index)
+        gpu["power"].update(limit_w=limit_w, enforced_limit_w=limit_w, requested_limit_w=limit_w,
+                            default_limit_w=700.0, min_limit_w=200.0, max_limit_w=700.0)
+        doc["gpus"].append(gpu)
+    doc["gpu_count"] = 8
+    doc["xid_summary"] = {"total": 0, "incidents": 0, "by_xid": {}, "by_device": {}, "any_fatal": False,
+                          "fatal_xids": [], "rate_limited": False}
+    return doc
+
+
+@pytest.fixture
+def fleet_dir(tmp_path):
+    (tmp_path / "inventory.yml").write_text(INVENTORY)
+    facts_dir = tmp_path / "facts"
+    facts_dir.mkdir()
+    (facts_dir / "h1.json").write_text(json.dumps(facts("Hopper", "NVIDIA H100 80GB HBM3", "620.70.06", 600.0)))
+    (facts_dir / "h2.json").write_text(json.dumps(facts("Hopper", "NVIDIA H100 80GB HBM3", "620.70.06", 700.0)))
+    (facts_dir / "v1.json").write_text(json.dumps(facts("Volta", "Tesla V100-SXM2-32GB", "580.95.05", 300.0)))
+    return tmp_path
+
+
+def run_playbook(cwd, *args):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
+    argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "inventory.yml",
+            "-e", "ansible_python_interpreter=%s" % sys.executable] + list(args)
+    return subprocess.run(argv, cwd=str(cwd), env=env, capture_output=True, text=True, check=False)
+
+
+def test_host_classes_first_matching_group():
+    groups = {"all": ["a", "b", "c"], "gpu_h100": ["a"], "gpu_a100": ["a", "b"], "rack1": ["c"]}
+    assert host_classes(groups, ["a", "b", "c"], "gpu_") == {"a": "gpu_a100", "b": "gpu_a100", "c": "unclassified"}
+
+
+def test_drift_playbook_from_a_fact_directory(fleet_dir):
+    proc = run_playbook(fleet_dir, os.path.join(REPO, "playbooks", "drift_report.yml"),
+                        "-e", "drift_source=dir", "-e", "drift_path=%s" % (fleet_dir / "facts"),
+                        "-e", "drift_output_dir=%s" % (fleet_dir / "out"))
+    out = proc.stdout + proc.stderr
+    # h2 runs 700 W against a 600 W policy, h3 has no facts: drift, so the play fails (exit 2).
+    assert proc.returncode == 2, out
+    assert "4 nodes: 2 in sync, 2 drifted (1 without facts); 1 critical, 8 warning findings" in out
+    report = json.loads((fleet_dir / "out" / "drift-report.json").read_text())
+    assert report["classes"]["gpu_h100"]["drifted_nodes"] == ["h2", "h3"]
+    assert report["classes"]["gpu_v100"]["in_sync"] == 1
+    assert report["source"] == "dir:%s" % (fleet_dir / "facts")
+    power = [f for f in report["findings"] if f["check"] == "power_limit_w"]
+    assert len(power) == 8 and power[0]["actual"] == 700.0 and power[0]["expected"] == 600.0
+    markdown = (fleet_dir / "out" / "drift-report.md").read_text()
+    assert "| gpu_h100 | 3 | 1 | 2 | 1 | critical | facts_missing 1, power_limit_w 8 |" in markdown
+    prom = (fleet_dir / "out" / "gpufleet_drift.prom").read_text()
+    assert 'gpufleet_drift_node_in_sync{class="gpu_v100",node="v1"} 1' in prom
+    assert 'gpufleet_drift_node_findings{class="gpu_h100",node="h2",severity="warning"} 8' in prom
+
+
+def test_drift_playbook_report_only_exits_zero(fleet_dir):
+    proc = run_playbook(fleet_dir, os.path.join(REPO, "playbooks", "drift_report.yml"),
+                        "-e", "drift_source=dir", "-e", "drift_path=%s" % (fleet_dir / "facts"),
+                        "-e", "drift_output_dir=%s" % (fleet_dir / "out"), "-e", "drift_report_only=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (fleet_dir / "out" / "drift-report.md").exists()
+
+
+def test_action_class_override_and_check_mode(fleet_dir):
+    playbook = fleet_dir / "pb.yml"
+    playbook.write_text(
+        "- name: Drift\n"
+        "  hosts: localhost\n"
+        "  gather_facts: false\n"
+        "  tasks:\n"
+        "    - name: Judge with a class override\n"
+        "      gpufleet.nvidia.drift_report:\n"
+        "        source: dir\n"
+        "        path: facts\n"
+        "        hosts: [h1, h2, v1]\n"
+        "        declared_from: class\n"
+        "        declared:\n"
+        "          gpu_h100: {driver_branch: '580'}\n"
+        "        output_dir: out2\n"
+        "        fail_on: critical\n"
+        "      register: drift\n"
+        "      failed_when: false\n"
+        "    - name: Show\n"
+        "      ansible.builtin.debug:\n"
+        "        msg: \"RESULT {{ drift | to_json }}\"\n"
+    )
+    proc = run_playbook(fleet_dir, "--check", str(playbook))
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    result = json.loads(out.split("RESULT ", 1)[1].split("\n")[0].rstrip('"').replace('\\"', '"'))
+    # Declared R580 for the H100 class: both H100 nodes (on R620) are critical drift, V100 is fine.
+    assert result["drifted_nodes"] == ["h1", "h2"]
+    assert result["summary"]["by_check"] == {"driver_branch": 2}
+    assert result["drift"] is True and result["exit_code"] == 2
+    # Check mode writes nothing.
+    assert result["paths"] == {}
+    assert not (fleet_dir / "out2").exists()
