@@ -61,7 +61,7 @@ class RepoKey:
     armored_path: str  # the same key ASCII-armored (``.asc``)
 
 
-def ensure_packages(cache: str, log: Callable[[str], None] = print) -> str:
+def ensure_packages(cache: str, log: Callable[[str], None] = lambda msg: print("simfleet: " + msg, file=sys.stderr)) -> str:
     """Build the simulated driver packages once per GPU-simulation version; return their directory."""
     from simfleet.gpu import pkgbuild  # pylint: disable=import-outside-toplevel
 

@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from typing import Callable
 
@@ -115,6 +116,10 @@ Acquire::Languages "none";
 
 # ---------------------------------------------------------------------------------------------
 # host
+
+
+def _stderr(msg: str) -> None:
+    print("simfleet: " + msg, file=sys.stderr, flush=True)
 
 
 def check_host(extra: tuple = ()) -> None:
@@ -397,7 +402,7 @@ def build_layer(cache: str, debootstrap_rootfs: str, log: Callable[[str], None])
     return layer
 
 
-def ensure_base(cache: str, mirror: str | None = None, log: Callable[[str], None] = print) -> list[str]:
+def ensure_base(cache: str, mirror: str | None = None, log: Callable[[str], None] = _stderr) -> list[str]:
     """Build what is missing of the base and return the overlay lower directories, top first.
 
     Serialised by ``<cache>/base.lock`` so concurrent ``up`` commands build it once.

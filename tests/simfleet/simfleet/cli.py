@@ -60,8 +60,8 @@ def _parser() -> argparse.ArgumentParser:
 
     fault = sub.add_parser("fault", parents=[common], help="inject a fault on a node")
     fault.add_argument("node", help="node name, or 'all'")
-    fault.add_argument("kind", help="reboot_hang, repo_unreachable, clear, or a GPU fault kind (build_fail, gpu_lost, xid_storm, nvml_not_supported, version_mismatch)")
-    fault.add_argument("args", nargs="*", help="KEY=VALUE arguments of the fault")
+    fault.add_argument("kind", help="reboot_hang, repo_unreachable, clear [kind=K], or a GPU fault kind (build_fail, gpu_lost, xid_storm, nvml_not_supported, version_mismatch, gpu_busy)")
+    fault.add_argument("args", nargs="*", help="arguments of the fault: KEY=VALUE or positional (e.g. build_fail 580.126.20; xid_storm 79 5 1)")
 
     reset = sub.add_parser("reset", parents=[common], help="put nodes back to fresh")
     reset.add_argument("nodes", nargs="*")
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         aptrepo.serve(args.fleet_dir, args.port)
         return 0
     from simfleet import base  # pylint: disable=import-outside-toplevel
-    from simfleet.fleet import Fleet, all_fleets, in_use_layers, parse_fault_args  # pylint: disable=import-outside-toplevel
+    from simfleet.fleet import Fleet, all_fleets, in_use_layers  # pylint: disable=import-outside-toplevel
 
     try:
         fleet = Fleet(getattr(args, "name", None), getattr(args, "state_dir", None), getattr(args, "cache", None))
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 render = {"yaml": inventory.render_yaml, "ini": inventory.render_ini, "json": inventory.render_json}[args.format]
                 sys.stdout.write(render(data))
         elif cmd == "fault":
-            print(json.dumps(fleet.fault(args.node, args.kind, parse_fault_args(args.kind, args.args))))
+            print(json.dumps(fleet.fault(args.node, args.kind, args.args)))
         elif cmd == "reset":
             print(_status_text(fleet.reset(args.nodes or None)))
         elif cmd == "reboot":

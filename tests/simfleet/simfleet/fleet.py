@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import time
 from typing import Any, Callable, Iterable
 
@@ -24,7 +25,6 @@ from simfleet.proc import (
     file_lock,
     mounts_under,
     parse_port_range,
-    pid_alive,
     port_free,
     run,
     send_signal,
@@ -37,8 +37,6 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 DEFAULT_COUNT = 4
 # Fault kinds handled here; every other kind goes to simfleet.gpu.faults.apply_fault.
 FLEET_FAULTS = ("reboot_hang", "repo_unreachable")
-# The argument a fault takes when given without ``key=``.
-POSITIONAL_FAULT_ARG = {"build_fail": "version", "gpu_lost": "gpu", "xid_storm": "xid", "nvml_not_supported": "field"}
 # inotify instances each booted node needs (systemd, journald, dbus, sshd), with a margin.
 INOTIFY_PER_NODE = 12
 
@@ -83,34 +81,22 @@ def parse_layout(text: str, count: int | None, classes: Iterable[str]) -> list[s
     return [out[i % len(out)] for i in range(n)]
 
 
-def parse_fault_args(kind: str, words: Iterable[str]) -> dict[str, Any]:
-    """``["version=580.126.20", "count=3"]`` → ``{"version": "580.126.20", "count": 3}``.
-
-    Integers become int, ``true``/``false`` bool; one bare word is the kind's main argument
-    (``POSITIONAL_FAULT_ARG``).
-    """
-    args: dict[str, Any] = {}
-    for word in words:
-        if "=" in word:
-            key, _, value = word.partition("=")
-        elif kind in POSITIONAL_FAULT_ARG and POSITIONAL_FAULT_ARG[kind] not in args:
-            key, value = POSITIONAL_FAULT_ARG[kind], word
-        else:
-            raise SimfleetError("fault argument %r is not KEY=VALUE" % word)
-        args[key] = _typed(value)
-    return args
-
-
-def _typed(value: str) -> Any:
-    if re.fullmatch(r"-?\d+", value):
-        return int(value)
-    if value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    return value
+def _clear_kind(args: dict[str, Any] | list[str] | None) -> str | None:
+    """The ``kind`` argument of a ``clear`` fault (dict key, ``kind=X`` word or bare word), or None."""
+    if isinstance(args, dict):
+        return args.get("kind")
+    for word in args or []:
+        key, sep, value = word.partition("=")
+        if not sep:
+            return word
+        if key == "kind":
+            return value
+    return None
 
 
 def _log(msg: str) -> None:
-    print("simfleet: " + msg, flush=True)
+    """Progress messages go to stderr, so stdout carries only the command's answer."""
+    print("simfleet: " + msg, file=sys.stderr, flush=True)
 
 
 class Fleet:
@@ -398,12 +384,19 @@ class Fleet:
         pids: list[int] = []
         for n in nodes:
             pids += n.request_stop()
-        survivors = wait_gone(pids, timeout)
+        survivors = wait_gone(pids, timeout / 2)
         if survivors:
-            self.log("nodes did not power off within %.0f s; killing them" % timeout)
+            # A node that was still starting units may have missed the first request: ask again.
             for n in nodes:
-                if n.running_pids():
-                    n.force_stop()
+                nspawn = n.nspawn_pid()
+                if nspawn:
+                    send_signal(nspawn, signal.SIGTERM)
+            survivors = wait_gone(survivors, timeout / 2)
+        if survivors:
+            slow = [n for n in nodes if n.running_pids()]
+            self.log("node(s) %s did not power off within %.0f s; killing them" % (", ".join(n.name for n in slow), timeout))
+            for n in slow:
+                n.force_stop()
             survivors = wait_gone(survivors, 10)
             for pid in survivors:
                 send_signal(pid, signal.SIGKILL)
@@ -464,42 +457,46 @@ class Fleet:
         return self.inventory_path
 
     # ----- faults, reset, reboot
-    def fault(self, node: str, kind: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+    def fault(self, node: str, kind: str, args: dict[str, Any] | list[str] | None = None) -> dict[str, Any]:
         """Inject fault ``kind`` on ``node`` (``all``: every node); return what was done.
 
-        ``reboot_hang`` and ``repo_unreachable`` are handled here; ``clear`` clears those and is
-        also passed on; every other kind goes to ``simfleet.gpu.faults.apply_fault`` on the node's
-        state file (through the node's root mount).
+        ``args``: a dict, or command-line words (``key=value`` or positional) as
+        ``simfleet.gpu.faults.apply_fault`` takes them. ``reboot_hang`` and ``repo_unreachable``
+        are handled here; ``clear`` (optionally ``kind=K``) clears those and is passed on; every
+        other kind goes to ``simfleet.gpu.faults`` on the node's state file, through the node's
+        root mount, under the state file's lock.
         """
-        args = dict(args or {})
         targets = self.nodes() if node == "all" else [self.node(node)]
-        done: dict[str, Any] = {"fault": kind, "args": args, "nodes": [n.name for n in targets]}
+        done: dict[str, Any] = {"fault": kind, "args": args or {}, "nodes": [n.name for n in targets]}
         if kind == "reboot_hang":
             for n in targets:
                 n.hang_reboots(True)
             return done
         if kind == "repo_unreachable":
-            if node == "all":
-                aptrepo.set_blocked(self.dir, "*", True)
             for n in targets:
                 aptrepo.set_blocked(self.dir, n.name, True)
             return done
         _, gstate, faults = _gpu()
         if kind == "clear":
+            which = _clear_kind(args)
             for n in targets:
-                n.hang_reboots(False)
-                aptrepo.set_blocked(self.dir, n.name, False)
-            if node == "all":
-                aptrepo.set_blocked(self.dir, "*", False)
+                if which in (None, "reboot_hang"):
+                    n.hang_reboots(False)
+                if which in (None, "repo_unreachable"):
+                    aptrepo.set_blocked(self.dir, n.name, False)
+            if which in FLEET_FAULTS:
+                return done
         for n in targets:
-            if not n.mounted():
-                raise SimfleetError("node %s is not mounted; bring the fleet up first" % n.name)
+            if not os.path.exists(n.state_path):
+                raise SimfleetError("node %s has no GPU state at %s; bring the fleet up first" % (n.name, n.state_path))
             try:
-                st = gstate.load_state(n.state_path)
-                st = faults.apply_fault(st, kind, args)
-                gstate.save_state(n.state_path, st)
+                if hasattr(faults, "apply_fault_to_file"):
+                    faults.apply_fault_to_file(n.state_path, kind, args)
+                else:
+                    st = faults.apply_fault(gstate.load_state(n.state_path), kind, args)
+                    gstate.save_state(n.state_path, st)
             except (ValueError, KeyError, TypeError) as exc:
-                raise SimfleetError("fault %s %s on %s: %s" % (kind, args, n.name, exc)) from None
+                raise SimfleetError("fault %s %s on %s: %s" % (kind, args or "", n.name, exc)) from None
         return done
 
     def reset(self, names: Iterable[str] | None = None, timeout: float | None = None) -> dict[str, Any]:
@@ -583,4 +580,4 @@ def in_use_layers(cache: str | None = None) -> set[str]:
     return used
 
 
-__all__ = ["Fleet", "parse_layout", "parse_fault_args", "all_fleets", "in_use_layers", "pid_alive"]
+__all__ = ["Fleet", "parse_layout", "all_fleets", "in_use_layers"]
