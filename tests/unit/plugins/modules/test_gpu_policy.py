@@ -185,6 +185,26 @@ def test_reboot_resets_power_persistence_and_compute_mode(node, capsys):
     assert result["gpus"][0]["in_effect"]["persistence_mode"] is False
 
 
+# --- field case 04: remapped rows pending while nvidia-smi's "Reset Required" says No ----------------
+
+def test_case04_remap_pending_is_reported_as_reset_required(node, capsys):
+    root = node("a100")
+
+    def remap_pending(state):
+        state["gpus"][2]["remapped_rows"].update(uncorrectable=4, pending=True)
+
+    update_state(state_path(root), remap_pending)
+    code, result = run_module({"persistence_mode": True}, capsys)
+    assert code == 0, result
+    assert result["reset_required"] is True
+    assert result["gpus"][2]["reset_required"][0].startswith(
+        "row remapping pending (4 uncorrectable, 0 correctable rows): reset the GPU or reboot")
+    assert [g["reset_required"] for g in result["gpus"] if g["index"] != 2] == [[]] * 7
+    boot_node_root(root)  # the remap takes effect at boot
+    code, result = run_module({"persistence_mode": True}, capsys, check_mode=True)
+    assert result["reset_required"] is False
+
+
 # --- field case 14: NotSupported vs NoPermission --------------------------------------------------
 
 def test_case14_ecc_not_supported_is_reported_and_skipped(node, capsys):
