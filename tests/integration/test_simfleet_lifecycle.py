@@ -120,6 +120,8 @@ def test_down_leaves_no_mounts_processes_or_ports(own_fleet):
     assert all(pids) and len(pids) > 3 * len(st["nodes"])
     assert set(ports) <= listening_ports()
     assert any(m.startswith(own_fleet.dir + "/") for m, _, _ in mounts())
+    cgroups = [d for n in own_fleet.nodes() for d in n.cgroup_dirs()]
+    assert cgroups and all(os.path.isdir(d) for d in cgroups)
 
     own_fleet.down()
 
@@ -128,6 +130,7 @@ def test_down_leaves_no_mounts_processes_or_ports(own_fleet):
     assert [p for p in pids if pid_alive(p)] == []
     assert set(ports) & listening_ports() == set()
     assert aptrepo.server_pid(own_fleet.dir) is None
+    assert [d for d in cgroups if os.path.exists(d)] == []
     assert [n["state"] for n in own_fleet.status()["nodes"]] == ["stopped", "stopped"]
 
     own_fleet.down(purge=True)

@@ -358,6 +358,7 @@ class Fleet:
             nodes = self._all_nodes()
             self._stop_nodes(nodes, timeout)
             for n in nodes:
+                n.remove_cgroups()
                 n.unmount()
             aptrepo.stop_server(self.dir)
             aptrepo.stop_gpg_agent(os.path.join(self.dir, "gpg"))
@@ -404,12 +405,13 @@ class Fleet:
 
     def _verify_down(self, nodes: list[Node]) -> None:
         left_mounts = mounts_under(self.dir)
-        left_pids = [p for n in nodes for p in n.running_pids()]
+        left_pids = [p for n in nodes for p in n.running_pids() + n.cgroup_pids()]
+        left_mounts += [d for n in nodes for d in n.cgroup_dirs()]
         repo = aptrepo.server_pid(self.dir)
         if repo:
             left_pids.append(repo)
         if left_mounts or left_pids:
-            raise SimfleetError("fleet %s not fully down: mounts %s, processes %s" % (self.name, left_mounts, left_pids))
+            raise SimfleetError("fleet %s not fully down: mounts/cgroups %s, processes %s" % (self.name, left_mounts, left_pids))
 
     # ----- status / inventory
     def status(self) -> dict[str, Any]:

@@ -190,6 +190,50 @@ class Node:
                 continue
         return None
 
+    @property
+    def cgroup_name(self) -> str:
+        """The node's cgroup, relative to the cgroup its supervisor starts in."""
+        return "simfleet/" + self.machine
+
+    def cgroup_dirs(self) -> list[str]:
+        """The node's cgroup directories (one per hierarchy) while its supervisor has them."""
+        try:
+            with open(self._p("cgroups"), encoding="utf-8") as f:
+                return [d for d in f.read().split() if os.path.isdir(d)]
+        except OSError:
+            return []
+
+    def cgroup_pids(self) -> list[int]:
+        """Every process in the node's cgroup tree (the supervisor, nspawn, the node's processes)."""
+        pids: set[int] = set()
+        for top in self.cgroup_dirs():
+            for dirpath, _dirs, files in os.walk(top):
+                if "cgroup.procs" in files:
+                    try:
+                        with open(os.path.join(dirpath, "cgroup.procs"), encoding="ascii") as f:
+                            pids.update(int(x) for x in f.read().split())
+                    except (OSError, ValueError):
+                        continue
+        return sorted(pids)
+
+    def remove_cgroups(self) -> None:
+        """Remove the node's (empty) cgroup directories, deepest first."""
+        for top in self.cgroup_dirs():
+            for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda x: -x[0].count("/")):
+                try:
+                    os.rmdir(dirpath)
+                except OSError:
+                    pass
+            try:
+                os.rmdir(os.path.dirname(top))  # the shared "simfleet" level, once no node uses it
+            except OSError:
+                pass
+        if not self.cgroup_dirs():
+            try:
+                os.unlink(self._p("cgroups"))
+            except FileNotFoundError:
+                pass
+
     def running_pids(self) -> list[int]:
         """The recorded, live pids of this node (supervisor, nspawn, init)."""
         return [p for p in (self.supervisor_pid(), self.nspawn_pid(), self.leader_pid()) if p]
@@ -230,6 +274,12 @@ class Node:
         if init:
             send_signal(init, signal.SIGKILL)
             _wait_pids([init], 10)
+        # Leftovers in the node's cgroup (its supervisor was killed) would share the new tree.
+        left = self.cgroup_pids()
+        for p in left:
+            send_signal(p, signal.SIGKILL)
+        _wait_pids(left, 5)
+        self.remove_cgroups()
         if not port_free(self.port):
             raise SimfleetError(
                 "port %d for node %s is in use by another process; free it or bring the fleet up "
@@ -241,7 +291,8 @@ class Node:
             except FileNotFoundError:
                 pass
         argv = ["/bin/sh", SUPERVISOR, self._tag] + self.nspawn_argv()
-        pid = spawn_detached(argv, self._p("supervisor.log"), env=SUPERVISOR_ENV, cwd="/")
+        env = dict(SUPERVISOR_ENV, SIMFLEET_CGROUP=self.cgroup_name)
+        pid = spawn_detached(argv, self._p("supervisor.log"), env=env, cwd="/")
         write_atomic(self._p("supervisor.pid"), "%d\n" % pid)
         return pid
 
@@ -268,6 +319,12 @@ class Node:
         sup = self.supervisor_pid()
         if sup:
             send_signal(sup, signal.SIGKILL)
+        # Whatever is left in the node's own cgroup belongs to this node.
+        left = self.cgroup_pids()
+        for pid in left:
+            send_signal(pid, signal.SIGKILL)
+        _wait_pids(left, 5)
+        self.remove_cgroups()
 
     def hang_reboots(self, on: bool) -> None:
         """Set or clear the reboot_hang fault (the supervisor reads the flag file)."""

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Keep one simulated node booted.
 #
-# usage: supervise.sh NODE_DIR systemd-nspawn ARGS...
+# usage: SIMFLEET_CGROUP=NAME supervise.sh NODE_DIR systemd-nspawn ARGS...
 #
 # Runs systemd-nspawn and decides on its exit status:
 #   133  the node rebooted: start it again (unless NODE_DIR/reboot_hang exists: then wait,
@@ -12,6 +12,11 @@
 # Writes NODE_DIR/nspawn.pid and NODE_DIR/init.pid while nspawn runs and NODE_DIR/supervisor.state
 # (running | hung | restarting | stopped | failed). A small POSIX shell process, so 32 nodes cost
 # almost no memory for supervision.
+#
+# Each node gets its own cgroup, NAME below the supervisor's own cgroup (NODE_DIR/cgroups lists
+# the directories): `systemd-nspawn --keep-unit` builds the node's tree (payload/, supervisor/)
+# inside the cgroup it starts in, so nodes started from one cgroup would share one tree and their
+# systemds would remove each other's cgroups. The tree is removed when the supervisor ends.
 set -u
 node_dir=$1
 shift
@@ -56,12 +61,51 @@ reap_init() {
     init=""
     rm -f "$node_dir/init.pid"
 }
+cg_dirs=""
+setup_cgroup() {
+    [ -n "${SIMFLEET_CGROUP:-}" ] || return 0
+    if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+        roots="/sys/fs/cgroup"
+    else
+        roots="/sys/fs/cgroup/systemd /sys/fs/cgroup/unified"
+    fi
+    for root in $roots; do
+        [ -d "$root" ] || continue
+        case "$root" in
+            */systemd) own=$(sed -n 's/^[0-9]*:name=systemd:\(.*\)$/\1/p' /proc/self/cgroup) ;;
+            *) own=$(sed -n 's/^0::\(.*\)$/\1/p' /proc/self/cgroup) ;;
+        esac
+        dir="$root${own%/}/$SIMFLEET_CGROUP"
+        if mkdir -p "$dir" && echo $$ > "$dir/cgroup.procs"; then
+            cg_dirs="$cg_dirs $dir"
+        else
+            say "warning: could not move into cgroup $dir"
+        fi
+    done
+    echo "$cg_dirs" > "$node_dir/cgroups"
+}
+cleanup_cgroup() {
+    for dir in $cg_dirs; do
+        # back to the cgroup the supervisor started in, then remove the node's tree (and its
+        # parent directories up to there, when no other node uses them)
+        origin=${dir%/"$SIMFLEET_CGROUP"}
+        echo $$ > "$origin/cgroup.procs" 2>/dev/null
+        find "$dir" -depth -type d -exec rmdir {} \; 2>/dev/null
+        parent=${dir%/*}
+        while [ "$parent" != "$origin" ] && [ "${#parent}" -gt "${#origin}" ]; do
+            rmdir "$parent" 2>/dev/null || break
+            parent=${parent%/*}
+        done
+    done
+    rm -f "$node_dir/cgroups"
+}
 on_term() {
     stop=1
     if [ -n "$child" ]; then kill -TERM "$child" 2>/dev/null; fi
 }
 trap on_term TERM INT HUP
 
+setup_cgroup
 quick_failures=0
 while [ "$stop" -eq 0 ]; do
     started=$(date +%s)
@@ -113,6 +157,7 @@ while [ "$stop" -eq 0 ]; do
             if [ "$quick_failures" -ge 5 ]; then
                 setstate failed
                 say "giving up after $quick_failures quick failures; see $node_dir/console.log"
+                cleanup_cgroup
                 exit 1
             fi
             setstate restarting
@@ -120,5 +165,6 @@ while [ "$stop" -eq 0 ]; do
             ;;
     esac
 done
+cleanup_cgroup
 setstate stopped
 say "stopped"
