@@ -230,22 +230,30 @@ class Fleet:
             self._raise_inotify_limit(len(rec["nodes"]))
 
             nodes = self.nodes(rec)
-            lowerdirs = base.ensure_base(self.cache, mirror, self.log)
-            if rec.get("lowerdirs") and rec["lowerdirs"] != lowerdirs:
-                if any(n.mounted() for n in nodes):
-                    lowerdirs = rec["lowerdirs"]
-                    if not all(os.path.isdir(d) for d in lowerdirs):
-                        raise SimfleetError("the base this fleet runs on is gone; run `simfleet down` and `up` again")
-                else:
-                    self.log("the base changed since the fleet was made: nodes start fresh on the new base")
+            recorded = rec.get("lowerdirs")
+            if recorded and any(n.mounted() for n in nodes):
+                # Running nodes keep the base and the driver packages they were made with (the
+                # packages call into the node layer's files), also for nodes added now.
+                lowerdirs = recorded
+                if not all(os.path.isdir(d) for d in lowerdirs):
+                    raise SimfleetError("the base this fleet runs on is gone; run `simfleet down` and `up` again")
+                if os.path.basename(os.path.dirname(lowerdirs[0])) != "layer-" + base.layer_key():
+                    self.log("the GPU simulation changed since fleet %s started; `down` and `up` to use it" % self.name)
+                packages = rec.get("packages_dir") or ""
+                if not os.path.isdir(packages):
+                    packages = aptrepo.ensure_packages(self.cache, self.log)
+            else:
+                lowerdirs = base.ensure_base(self.cache, mirror, self.log)
+                if recorded and recorded != lowerdirs:
+                    self.log("the base changed since fleet %s was made: its nodes start fresh" % self.name)
                     for n in nodes:
                         n.wipe()
+                packages = aptrepo.ensure_packages(self.cache, self.log)
             rec["lowerdirs"] = lowerdirs
             self._save(rec)
 
             self._ensure_ssh_key()
             key = aptrepo.ensure_key(self.dir, self.name)
-            packages = aptrepo.ensure_packages(self.cache, self.log)
             if rec.get("packages_dir") != packages or not os.path.exists(os.path.join(self.dir, "repo", aptrepo.REPO_SUBDIR, "InRelease")):
                 aptrepo.build_repo(self.dir, packages, key)
                 rec["packages_dir"] = packages
@@ -570,13 +578,16 @@ def all_fleets(cache: str | None = None) -> list[str]:
 
 
 def in_use_layers(cache: str | None = None) -> set[str]:
-    """Base directories that some recorded fleet mounts its nodes on."""
+    """Cached directories (base layers, driver packages) that some recorded fleet uses."""
     used: set[str] = set()
     root = os.path.join(cache or cache_dir(), "fleets")
     for path in glob.glob(os.path.join(root, "*", "fleet.json")):
         try:
             with open(path, encoding="utf-8") as f:
-                used.update(os.path.dirname(d) for d in json.load(f).get("lowerdirs") or [])
+                rec = json.load(f)
+            used.update(os.path.dirname(d) for d in rec.get("lowerdirs") or [])
+            if rec.get("packages_dir"):
+                used.add(rec["packages_dir"])
         except (OSError, ValueError):
             continue
     return used
