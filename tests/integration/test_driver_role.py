@@ -34,8 +34,10 @@ PLAYBOOK = """\
     driver_repo_key_fingerprint: "{{ simfleet_apt_key_fingerprint }}"
     driver_pynvml: none
     driver_today: "%(today)s"
-    driver_gpu_architectures: "{{ [%(arch)s[simfleet_gpu_class]] }}"
-    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in %(nvswitch)s else 'disabled' }}"
+    test_gpu_architecture: %(arch)s
+    test_nvswitch_classes: %(nvswitch)s
+    driver_gpu_architectures: "{{ [test_gpu_architecture[simfleet_gpu_class]] }}"
+    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in test_nvswitch_classes else 'disabled' }}"
   roles:
     - role: gpufleet.nvidia.driver
 """ % {"today": TODAY, "arch": json.dumps(ARCH), "nvswitch": json.dumps(list(NVSWITCH_CLASSES))}
@@ -88,7 +90,7 @@ def installed(simfleet, node):
     result = {}
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[0] == "ii" and re.match(r"^(nvidia-|libnvidia-|libcuda|firmware-nvidia-)",
+        if len(parts) == 3 and parts[0][1:2] == "i" and re.match(r"^(nvidia-|libnvidia-|libcuda|firmware-nvidia-)",
                                                              parts[1]):
             result[parts[1]] = parts[2]
     return result
