@@ -108,6 +108,22 @@ def test_reboot_command_returns_the_new_boot_id(own_fleet):
     assert own_fleet.ssh("node01", ["cat", "/proc/sys/kernel/random/boot_id"], check=True).stdout.strip() == after
 
 
+def test_reset_gives_a_fresh_node(own_fleet):
+    node = own_fleet.node("node02")
+    own_fleet.ssh("node02", "echo dirty > /root/marker", check=True)
+    own_fleet.fault("node02", "reboot_hang")
+    own_fleet.fault("node02", "repo_unreachable")
+    before = node.boot_id()
+    own_fleet.reset(["node02"])
+    assert node.state() == "running"
+    assert node.boot_id() != before
+    assert own_fleet.ssh("node02", ["test", "-e", "/root/marker"]).returncode == 1
+    assert not os.path.exists(os.path.join(node.dir, "reboot_hang"))
+    assert "node02" not in own_fleet.status()["repo"]["blocked"]
+    # The untouched node kept running through the reset of its neighbour.
+    assert own_fleet.node("node01").state() == "running"
+
+
 def test_down_leaves_no_mounts_processes_or_ports(own_fleet):
     from simfleet import aptrepo  # pylint: disable=import-outside-toplevel
     from simfleet.proc import listening_ports, mounts, pid_alive  # pylint: disable=import-outside-toplevel
