@@ -13,7 +13,9 @@ Environment:
 * ``SIMFLEET_TEST_LAYOUT``: GPU classes of the nodes, cycled or counted like ``simfleet up --layout``
   (default ``h100,a100,l40s,v100``: one node per class);
 * ``SIMFLEET_TEST_NODES``: number of nodes (default: one per layout item);
-* ``SIMFLEET_TEST_NAME``: fleet name (default ``pytest``); ``SIMFLEET_TEST_PORTS``: port range;
+* ``SIMFLEET_TEST_NAME``: fleet name (default ``pytest-<pid>``, so concurrent sessions never share a
+  fleet; fleets of finished sessions that were not taken down are removed at the next start);
+  ``SIMFLEET_TEST_PORTS``: port range;
 * ``SIMFLEET_TEST_KEEP=1``: leave the fleet up after the session (to look at it with ``simfleet``).
 
 The fleet needs root and the host packages that ``simfleet`` lists; without root the fleet tests
@@ -32,7 +34,7 @@ SIMFLEET_DIR = os.path.join(os.path.dirname(HERE), "simfleet")
 if SIMFLEET_DIR not in sys.path:
     sys.path.append(SIMFLEET_DIR)
 
-from simfleet.testing import DEFAULT_TEST_LAYOUT, SimFleet, fleet_unavailable, make_fleet  # noqa: E402
+from simfleet.testing import DEFAULT_TEST_LAYOUT, SimFleet, fleet_unavailable, make_fleet, session_fleet_name  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +47,7 @@ def simfleet():
 
     layout = os.environ.get("SIMFLEET_TEST_LAYOUT") or DEFAULT_TEST_LAYOUT
     count = int(os.environ["SIMFLEET_TEST_NODES"]) if os.environ.get("SIMFLEET_TEST_NODES") else None
-    name = os.environ.get("SIMFLEET_TEST_NAME") or "pytest"
+    name = os.environ.get("SIMFLEET_TEST_NAME") or session_fleet_name()
     try:
         fleet = make_fleet(name, count, layout, os.environ.get("SIMFLEET_TEST_PORTS"))
     except SimfleetError as exc:

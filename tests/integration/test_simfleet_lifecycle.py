@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from simfleet.testing import fleet_unavailable, make_fleet
+from simfleet.testing import fleet_unavailable, make_fleet, session_fleet_name
 
 pytestmark = pytest.mark.fleet
 
@@ -29,7 +29,7 @@ def own_fleet():
     reason = fleet_unavailable()
     if reason:
         pytest.skip(reason)
-    fleet = make_fleet("pytest-lifecycle", 2, "l40s,v100", os.environ.get("SIMFLEET_TEST_PORTS"))
+    fleet = make_fleet(session_fleet_name("pytest-lifecycle"), 2, "l40s,v100", os.environ.get("SIMFLEET_TEST_PORTS"))
     yield fleet
     if os.path.isdir(fleet.dir):
         fleet.down(purge=True)

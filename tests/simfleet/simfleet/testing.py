@@ -144,10 +144,33 @@ def fleet_unavailable() -> str | None:
     return None
 
 
+def session_fleet_name(prefix: str = "pytest") -> str:
+    """A fleet name for this test process, ``<prefix>-<pid>``: test sessions running at the same
+    time on one machine then never share (or take down) each other's fleet."""
+    return "%s-%d" % (prefix, os.getpid())
+
+
+def purge_stale_test_fleets() -> list[str]:
+    """Take down and remove fleets named ``pytest…-<pid>`` whose test process is gone; return them."""
+    import re  # pylint: disable=import-outside-toplevel
+
+    from simfleet.fleet import Fleet, all_fleets  # pylint: disable=import-outside-toplevel
+    from simfleet.proc import pid_alive  # pylint: disable=import-outside-toplevel
+
+    removed = []
+    for name in all_fleets():
+        m = re.fullmatch(r"pytest(?:-[a-z]+)*-(\d+)", name)
+        if m and not pid_alive(int(m.group(1))):
+            Fleet(name).down(purge=True)
+            removed.append(name)
+    return removed
+
+
 def make_fleet(name: str, count: int | None, layout: str, ports: str | None = None):
     """Bring a fresh fleet up (an old one of that name is purged first); return the Fleet object."""
     from simfleet.fleet import Fleet  # pylint: disable=import-outside-toplevel
 
+    purge_stale_test_fleets()
     fleet = Fleet(name)
     if os.path.isdir(fleet.dir):
         fleet.down(purge=True)
