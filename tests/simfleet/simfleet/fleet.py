@@ -367,6 +367,7 @@ class Fleet:
             self._stop_nodes(nodes, timeout)
             for n in nodes:
                 n.remove_cgroups()
+                n.remove_host_leftovers()
                 n.unmount()
             aptrepo.stop_server(self.dir)
             aptrepo.stop_gpg_agent(os.path.join(self.dir, "gpg"))

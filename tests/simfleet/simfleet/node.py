@@ -234,6 +234,16 @@ class Node:
             except FileNotFoundError:
                 pass
 
+    def remove_host_leftovers(self) -> None:
+        """Remove what an nspawn that was killed leaves on the host: its empty mount-propagation
+        directory ``/run/systemd/nspawn/propagate/<machine>`` (named after this node only)."""
+        if self.running_pids():
+            return
+        try:
+            os.rmdir(os.path.join("/run/systemd/nspawn/propagate", self.machine))
+        except OSError:
+            pass
+
     def running_pids(self) -> list[int]:
         """The recorded, live pids of this node (supervisor, nspawn, init)."""
         return [p for p in (self.supervisor_pid(), self.nspawn_pid(), self.leader_pid()) if p]
