@@ -560,8 +560,8 @@ def _refuse(code: str, reason: str, node: Optional[str], gpus_summary: str, choi
     if choices:
         text += " Allowed driver_branch values for these GPUs: %s." % ", ".join(choices)
     else:
-        text += " No branch in the catalog serves these GPUs%s." % ("" if allow_eol else " (driver_allow_eol: true "
-                                                                   "would admit end-of-life branches)")
+        hint = "" if allow_eol else " (driver_allow_eol: true would admit end-of-life branches)"
+        text += " No branch in the catalog serves these GPUs%s." % hint
     return ResolutionError(code, text, choices)
 
 
@@ -706,10 +706,10 @@ def resolve_driver(catalog: Dict[str, Any], branch: Any = "ltsb", gpus: Optional
         if version not in (info.get("versions") or []):
             in_catalog = False
             if avail is None:
+                known = ", ".join(info.get("versions") or []) or "none"
                 raise _refuse("version_unknown", "driver_version %s is neither in the catalog (as of %s) nor known "
                               "to be in the repository" % (version, catalog.get("as_of")), node, summary,
-                              choices, allow_eol, "Known R%s versions: %s." % (chosen, ", ".join(info.get("versions")
-                                                                                                  or []) or "none"))
+                              choices, allow_eol, "Known R%s versions: %s." % (chosen, known))
             warnings.append("%s is in the repository but not in the catalog (as of %s)"
                             % (version, catalog.get("as_of")))
         resolved = version
@@ -783,7 +783,7 @@ def cuda_minimum_driver(toolkit: Any, mode: str = "toolkit") -> Dict[str, Any]:
     if not re.match(r"^\d+\.\d+(?:\.\d+)?$", text):
         raise ValueError("not a CUDA toolkit version: %r (expected e.g. 12.8 or 13.0.1)" % (toolkit,))
     if mode == "minor":
-        major = text.split(".")[0]
+        major = text.split(".", maxsplit=1)[0]
         if major not in branch_data.CUDA_MAJOR_MIN_BRANCH:
             raise ValueError("CUDA %s: minor version compatibility is documented for CUDA 11, 12 and 13 only" % text)
         return {"toolkit": text, "mode": "minor", "minimum_driver": branch_data.CUDA_MAJOR_MIN_BRANCH[major],

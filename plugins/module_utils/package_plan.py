@@ -946,9 +946,9 @@ def verify_module_build(target_version: str, on_disk_version: Optional[str], run
         result["message"] = "the module on disk for %s is %s" % (running_kernel or "the running kernel", on_disk_version)
     else:
         result["verdict"] = "broken"
+        where = running_kernel or "the running kernel"
         result["message"] = ("the module on disk for %s is %s but the driver installed is %s: a reboot would load "
-                             "the wrong module; rebuild or reinstall it" % (running_kernel or "the running kernel",
-                                                                           on_disk_version, target_version))
+                             "the wrong module; rebuild or reinstall it" % (where, on_disk_version, target_version))
     return result
 
 

@@ -114,11 +114,13 @@ notes:
   - This module supports check mode; it only reads.
 seealso:
   - name: NVIDIA Data Center Drivers, supported drivers and CUDA toolkit versions
+    description: Branch classes, end of life and CUDA support of each branch.
     link: https://docs.nvidia.com/datacenter/tesla/drivers/supported-drivers-and-cuda-toolkit-versions.html
   - name: NVIDIA Driver Installation Guide
+    description: Package names, module streams and version locking per distribution.
     link: https://docs.nvidia.com/datacenter/tesla/driver-installation-guide/
 author:
-  - gpufleet.nvidia contributors
+  - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 attributes:

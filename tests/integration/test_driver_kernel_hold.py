@@ -120,8 +120,8 @@ def test_kernel_and_driver_stay_put(simfleet, tmp_path):
     kernel = give_node_kernel_packages(simfleet, node, tmp_path)
     assert "linux-image-amd64" in upgrades(simfleet, node)  # the hazard: a meta package pulling a new kernel
     oldest = repo_branch_versions(simfleet, node, "580")[0]
-    proc, _changed, _ = run(simfleet, tmp_path, node, DRIVER_PLAYBOOK, "driver.yml", driver_branch="580",
-                            driver_version=oldest)
+    proc, _changed, _result = run(simfleet, tmp_path, node, DRIVER_PLAYBOOK, "driver.yml", driver_branch="580",
+                                  driver_version=oldest)
     assert proc.returncode == 0, proc.stdout[-4000:]
     simfleet.run(node, ["apt-mark", "hold", "linux-headers-%s" % kernel], check=True)  # an administrator's hold
     proc, changed, result = run(simfleet, tmp_path, node, KERNEL_PLAYBOOK, "kernel.yml")
@@ -141,7 +141,7 @@ def test_kernel_and_driver_stay_put(simfleet, tmp_path):
     conf = simfleet.run(node, ["cat", "/etc/apt/apt.conf.d/51gpufleet-kernel-hold"], check=True).stdout
     assert '"linux-image-";' in conf and '"libnvidia-";' in conf
     assert_pinned_at(simfleet, node, oldest)
-    proc, changed, _ = run(simfleet, tmp_path, node, KERNEL_PLAYBOOK, "kernel.yml")
+    proc, changed, _result = run(simfleet, tmp_path, node, KERNEL_PLAYBOOK, "kernel.yml")
     assert proc.returncode == 0 and changed == 0, proc.stdout[-4000:]
 
     proc, _changed, result = run(simfleet, tmp_path, node, KERNEL_PLAYBOOK, "kernel.yml", kernel_hold_state="absent")

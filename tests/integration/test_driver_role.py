@@ -90,8 +90,8 @@ def installed(simfleet, node):
     result = {}
     for line in out.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[0][1:2] == "i" and re.match(r"^(nvidia-|libnvidia-|libcuda|firmware-nvidia-)",
-                                                             parts[1]):
+        driver = re.match(r"^(nvidia-|libnvidia-|libcuda|firmware-nvidia-)", parts[1]) if len(parts) == 3 else None
+        if driver and parts[0][1:2] == "i":
             result[parts[1]] = parts[2]
     return result
 
