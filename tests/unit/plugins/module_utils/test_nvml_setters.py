@@ -156,7 +156,7 @@ def test_nothing_called_is_ok_and_unchanged():
 
 def test_ecc_change_is_pending_reboot():
     # pending moved False -> True, current still False
-    result = setter_result("ecc_mode", True, False, True, pending_after=False, pending_requires="reboot")
+    result = setter_result("ecc_mode", True, False, True, current_after=False, pending_requires="reboot")
     assert (result["status"], result["changed"]) == ("pending_reboot", True)
 
 
