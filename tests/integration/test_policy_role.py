@@ -114,7 +114,7 @@ def play(simfleet, tmp_path, node, text, variables=None, *extra):
 
 
 def facts(simfleet, tmp_path, node):
-    proc, _ = play(simfleet, tmp_path, node, FACTS_PLAYBOOK)
+    proc = play(simfleet, tmp_path, node, FACTS_PLAYBOOK)[0]
     assert proc.returncode == 0, proc.stdout[-3000:]
     return json.loads(simfleet.run(node, ["cat", "/root/policy-test-facts.json"], check=True).stdout)
 

@@ -308,8 +308,12 @@ def _run_boot_program(tmp_path, root, config):
 def test_boot_program_brings_power_persistence_compute_mode_and_mig_back(node, capsys, tmp_path):
     root = node("h100")
     run_module(H100_POLICY, capsys)
-    update_state(state_path(root), lambda state: [gpu["mig"].update(current=1, pending=1)
-                                                   for gpu in state["gpus"][:2]])
+
+    def mig_on_for_gpus_0_and_1(state):
+        for gpu in state["gpus"][:2]:
+            gpu["mig"].update(current=1, pending=1)
+
+    update_state(state_path(root), mig_on_for_gpus_0_and_1)
     boot_node_root(root)  # power back to 700 W, persistence off, compute mode Default, MIG devices gone
     assert state_of(root)["gpus"][0]["power"]["limit_mw"] == 700000
     config = {"policy": {"gpus": ["all"], "power_limit_w": 600, "power_limit_percent": None, "persistence_mode": True,
