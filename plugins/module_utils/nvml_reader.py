@@ -38,6 +38,8 @@ _ERROR_NAMES = {
     3: "NotSupported",
     4: "NoPermission",
     6: "NotFound",
+    7: "InsufficientSize",
+    8: "InsufficientPower",
     9: "DriverNotLoaded",
     12: "LibraryNotFound",
     13: "FunctionNotFound",
@@ -47,8 +49,14 @@ _ERROR_NAMES = {
     17: "OperatingSystem",
     18: "LibRmVersionMismatch",
     19: "InUse",
+    20: "Memory",
+    21: "NoData",
+    23: "InsufficientResources",
+    25: "ArgumentVersionMismatch",
     26: "Deprecated",
+    27: "NotReady",
     28: "GpuNotFound",
+    29: "InvalidState",
     999: "Unknown",
 }
 
