@@ -406,7 +406,8 @@ def _verify_gpus(result: Dict[str, Any], before: Optional[Mapping[str, Any]], af
             _fail(result, "gpu_count_changed", "GPU count changed: %d before, %d after" % (before_count, after_count))
         before_uuids = _uuids(before)
         after_uuids = _uuids(after)
-        if before_uuids and after_uuids and before_uuids != after_uuids and after_count == before_count:
+        if before_uuids and after_uuids and before_uuids != after_uuids and after_count == before_count \
+                and not _unreadable(after):
             _fail(result, "gpu_identity_changed", "GPU UUIDs changed: gone %s, new %s" % (
                 ", ".join(sorted(set(before_uuids) - set(after_uuids))),
                 ", ".join(sorted(set(after_uuids) - set(before_uuids)))))
@@ -562,21 +563,28 @@ def preflight(facts: Optional[Mapping[str, Any]], target_version: Optional[str] 
 
 
 def rollback_target(snapshot: Optional[Mapping[str, Any]], local_facts: Optional[Mapping[str, Any]] = None,
-                    explicit_version: Optional[str] = None, failed_version: Optional[str] = None) -> Dict[str, Any]:
+                    explicit_version: Optional[str] = None, failed_version: Optional[str] = None,
+                    keep_snapshot_version: bool = False) -> Dict[str, Any]:
     """Which driver version to go back to.
 
     In order: ``explicit_version`` (``rollback.yml -e rollback_version=...``); the version the
     snapshot saw running healthy (state ``ok``, no fatal Xid: it ran on this node before the
-    upgrade); the ``last_known_good`` of the driver role's local facts. A candidate equal to
-    ``failed_version`` is passed over: going back to the version that failed is no rollback.
+    upgrade); the ``last_known_good`` of the driver role's local facts; the ``previous`` version
+    of those local facts. A candidate equal to ``failed_version`` is passed over: going back to
+    the version that failed (or runs now) is no rollback.
 
     :param snapshot: ``ansible_facts.nvidia`` taken before the install, or ``None``.
     :param local_facts: the driver role's local facts (``ansible_local.gpufleet_driver``:
         ``current``, ``last_known_good``, ``history``), or ``None``.
     :param explicit_version: an operator's exact version.
-    :param failed_version: the version that failed verification.
+    :param failed_version: the version that failed verification (or, for ``rollback.yml``, the
+        version running now).
+    :param keep_snapshot_version: do not pass over the snapshot's version even when it equals
+        ``failed_version`` (``rollback.yml``: a node already back on the version that ran before
+        the rollout stays there and is verified again).
     :returns: ``{"version": str | None, "branch": str | None, "kernel_module_type": str | None,
-        "source": "explicit" | "snapshot" | "local_facts" | None, "reason": str}``.
+        "source": "explicit" | "snapshot" | "local_facts" | "local_facts_previous" | None,
+        "reason": str}``.
     """
     def _branch(version: str) -> str:
         return version.split(".", 1)[0]
@@ -590,14 +598,22 @@ def rollback_target(snapshot: Optional[Mapping[str, Any]], local_facts: Optional
         if versions["state"] == "ok" and versions["loaded"] and not fatal_xid_counts(snapshot):
             candidates.append((versions["loaded"], versions["kernel_module_type"], "snapshot",
                                "ran healthy on this node before the upgrade"))
-    lkg = (local_facts or {}).get("last_known_good") or {}
+    keep = candidates[0][0] if (candidates and keep_snapshot_version) else None
+    local = local_facts or {}
+    lkg = local.get("last_known_good") or {}
     if lkg.get("version"):
-        current = (local_facts or {}).get("current") or {}
-        module_type = current.get("kernel_module_type") if current.get("version") == lkg["version"] else None
+        module_type = None
+        for entry in (local.get("current") or {}, local.get("previous") or {}):
+            if entry.get("version") == lkg["version"]:
+                module_type = entry.get("kernel_module_type")
         candidates.append((lkg["version"], module_type, "local_facts",
                            "last known-good in the driver's local facts (since %s)" % lkg.get("since")))
+    previous = local.get("previous") or {}
+    if previous.get("version"):
+        candidates.append((previous["version"], previous.get("kernel_module_type"), "local_facts_previous",
+                           "the version installed before the current one (driver's local facts)"))
     for version, module_type, source, reason in candidates:
-        if failed_version and versions_match(version, failed_version):
+        if failed_version and versions_match(version, failed_version) and not (source == "snapshot" and keep):
             continue
         version = upstream_version(version)
         return {"version": version, "branch": _branch(version), "kernel_module_type": module_type,
@@ -617,10 +633,12 @@ def choose_snapshot(saved: Optional[Mapping[str, Any]], fresh: Mapping[str, Any]
         ``None``.
     :param fresh: a snapshot built now (same shape).
     :param rollout_id: the running rollout's id.
-    :returns: ``saved`` (with ``"resumed": True``) when it belongs to ``rollout_id`` and holds
-        facts; else ``fresh`` (with ``"resumed": False``).
+    :returns: ``saved`` (with ``"resumed": True``) when it belongs to ``rollout_id``, holds facts
+        and its transaction did not end (no ``"completed": true``); else ``fresh`` (with
+        ``"resumed": False``).
     """
-    if saved and saved.get("rollout_id") == rollout_id and _is_facts(saved.get("facts")):
+    if saved and saved.get("rollout_id") == rollout_id and not saved.get("completed") \
+            and _is_facts(saved.get("facts")):
         out = dict(saved)
         out["resumed"] = True
         return out

@@ -336,11 +336,20 @@ def test_rollback_target_prefers_explicit_then_snapshot_then_local_facts():
 
 
 def test_rollback_target_never_the_failed_version():
-    local = dict(LOCAL, last_known_good={"version": NEW, "branch": "620", "since": "x"})
+    local = dict(LOCAL, last_known_good={"version": NEW, "branch": "620", "since": "x"}, previous=None)
     target = rollback_target(facts(NEW), local, failed_version=NEW)
     assert target["version"] is None
     assert target["source"] is None
     assert NEW in target["reason"]
+    # After a verified upgrade the new version is last known-good: the previous one is the way back.
+    local = dict(LOCAL, last_known_good={"version": NEW, "branch": "620", "since": "x"})
+    back = rollback_target(None, local, failed_version=NEW)
+    assert (back["version"], back["source"], back["kernel_module_type"]) == (OLD, "local_facts_previous", "open")
+    # rollback.yml on a node the rescue already put back on the snapshot's version: stay there.
+    local = dict(LOCAL, last_known_good={"version": "580.105.08", "branch": "580", "since": "x"})
+    assert rollback_target(facts(OLD), local, failed_version=OLD)["version"] == "580.105.08"
+    stay = rollback_target(facts(OLD), local, failed_version=OLD, keep_snapshot_version=True)
+    assert (stay["version"], stay["source"]) == (OLD, "snapshot")
 
 
 # --- snapshot and lock -----------------------------------------------------------------------
@@ -353,6 +362,8 @@ def test_choose_snapshot_keeps_an_interrupted_attempt_of_the_same_rollout():
     assert chosen["resumed"] is True and chosen["taken_at"] == "t0"
     assert choose_snapshot(saved, fresh, "pb")["taken_at"] == "t1"
     assert choose_snapshot(None, fresh, "ltsb")["resumed"] is False
+    # A snapshot whose transaction ended (upgraded or rolled back) is history, not an attempt to resume.
+    assert choose_snapshot(dict(saved, completed=True), fresh, "ltsb")["taken_at"] == "t1"
 
 
 OWNER = {"rollout_id": "ltsb", "run_id": "ctl-100-5", "controller": "ctl", "pid": 100}

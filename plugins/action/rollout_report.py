@@ -1,0 +1,143 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Action plugin of gpufleet.nvidia.rollout_report: the rollout's bookkeeping on the controller."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from datetime import datetime, timezone
+
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report
+
+ARGUMENT_SPEC = {
+    "state": {"type": "str", "required": True, "choices": ["start", "probe", "record", "render"]},
+    "report_dir": {"type": "path"},
+    "rollout_id": {"type": "str"},
+    "plan": {"type": "dict"},
+    "record": {"type": "dict"},
+    "controller": {"type": "str"},
+    "pid": {"type": "int"},
+}
+
+
+def process_start_ticks(pid, proc_root="/proc"):
+    """Start time of a process in clock ticks since boot (``/proc/<pid>/stat`` field 22), or ``None``.
+
+    Source: proc(5), ``/proc/[pid]/stat`` ``starttime``.
+    """
+    try:
+        with open(os.path.join(proc_root, str(pid), "stat"), "r") as handle:
+            text = handle.read()
+    except (IOError, OSError):
+        return None
+    fields = text.rsplit(")", 1)[-1].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def run_identity(proc_root="/proc"):
+    """Identify this ansible-playbook run: the same in every worker of one run, new in the next.
+
+    Workers are forked from the ansible-playbook process, so the parent pid is the run's pid;
+    with the process start time it makes an id that pid reuse cannot repeat.
+    :returns: ``{"run_id", "controller", "pid"}``.
+    """
+    pid = os.getppid()
+    controller = socket.gethostname()
+    return {"run_id": "%s-%d-%s" % (controller, pid, process_start_ticks(pid, proc_root) or 0),
+            "controller": controller, "pid": pid}
+
+
+def pid_alive(pid, proc_root="/proc"):
+    """Whether ``pid`` is a running ansible process on this controller (``/proc/<pid>/cmdline``)."""
+    try:
+        with open(os.path.join(proc_root, str(int(pid)), "cmdline"), "rb") as handle:
+            cmdline = handle.read()
+    except (IOError, OSError, ValueError, TypeError):
+        return False
+    return b"ansible" in cmdline
+
+
+def _now():
+    stamp = time.time()
+    return stamp, datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class ActionModule(ActionBase):
+    """Start a rollout (plan, run identity), probe a lock holder, record a node, render the report."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        validation = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
+        if validation.error_messages:
+            raise AnsibleActionFail("rollout_report: %s" % "; ".join(validation.error_messages))
+        args = validation.validated_parameters
+        state = args["state"]
+        stamp, iso = _now()
+        result["changed"] = False
+        if state == "probe":
+            me = run_identity()
+            if args["controller"] and args["controller"] != me["controller"]:
+                result["alive"] = None
+            else:
+                result["alive"] = pid_alive(args["pid"]) if args["pid"] else False
+            return result
+        if state == "start":
+            run = run_identity()
+            run["started_at"] = iso
+            run["started_epoch"] = stamp
+            result["run"] = run
+        directory = args["report_dir"]
+        if not directory:
+            raise AnsibleActionFail("rollout_report: state=%s needs report_dir" % state)
+        directory = os.path.abspath(directory)
+        result["report_dir"] = directory
+        if self._task.check_mode:
+            result["msg"] = "check mode: nothing written to %s" % directory
+            return result
+        if state == "start" and args["plan"] is not None:
+            plan = dict(args["plan"])
+            plan.setdefault("rollout_id", args["rollout_id"])
+            plan.setdefault("started_at", iso)
+            plan["runs"] = [result["run"]["run_id"]]
+            result["plan_path"] = rollout_report.write_plan(directory, plan)
+            result["changed"] = True
+        if state in ("record", "render") or (state == "start" and args["plan"] is not None):
+            record = None
+            if state == "record":
+                if not args["record"] or not args["record"].get("node"):
+                    raise AnsibleActionFail("rollout_report: state=record needs record.node")
+                record = dict(args["record"])
+                marks = record.get("marks") or {}
+                record["durations"] = rollout_report.durations_from_marks(marks)
+                started_epoch = marks.get("started")
+                record["started_epoch"] = float(started_epoch) if started_epoch is not None else None
+                if record["started_epoch"] is not None:
+                    record["started_at"] = datetime.fromtimestamp(record["started_epoch"], timezone.utc).strftime(
+                        "%Y-%m-%dT%H:%M:%SZ")
+                record.setdefault("finished_at", iso)
+                record.setdefault("finished_epoch", stamp)
+                result["changed"] = True
+            done = rollout_report.record_and_render(directory, record, iso)
+            report = done["report"]
+            result["paths"] = done["paths"]
+            result["status"] = report["status"]
+            result["summary"] = report["summary"]
+            result["stopped_by"] = report["stopped_by"]
+            if state == "render":
+                result["report"] = report
+                result["markdown"] = rollout_report.render_markdown(report)
+        return result

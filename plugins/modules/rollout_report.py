@@ -1,0 +1,132 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: rollout_report
+short_description: Keep the driver rollout's plan, per-node records and report on the controller
+version_added: "0.1.0"
+description:
+  - Runs on the controller (an action plugin; nothing runs on a node). Used by C(playbooks/rollout.yml) and
+    the C(node_upgrade) role.
+  - V(start) returns this run's identity (C(run_id), controller host name and the C(ansible-playbook)
+    process id, the owner written into each node's rollout lock) and, with O(plan), writes C(plan.json)
+    into O(report_dir).
+  - V(probe) tells whether the C(ansible-playbook) process O(pid) on O(controller) still runs (a lock left by
+    a killed run may be taken over).
+  - V(record) stores one node's record (C(nodes/<host>.json), atomically) and regenerates
+    C(rollout-report.json) and C(rollout-report.md) under a file lock, so a controller killed in the middle
+    of a wave leaves a complete report of the nodes it finished. A re-run of the same rollout keeps the
+    earlier C(upgraded) record of a node it now finds on target.
+  - V(render) regenerates the report and returns it with its Markdown.
+  - The record's fields are described in the collection's C(docs/rollout.md).
+options:
+  state:
+    description: What to do.
+    type: str
+    required: true
+    choices: [start, probe, record, render]
+  report_dir:
+    description: The rollout's report directory on the controller (one per rollout id).
+    type: path
+  rollout_id:
+    description: The rollout's id, written into the plan.
+    type: str
+  plan:
+    description: C({stages, request}) for O(state=start); C(stages) is a list of C({name, hosts, serial}).
+    type: dict
+  record:
+    description: One node's record for O(state=record); C(node) is required.
+    type: dict
+  controller:
+    description: Controller host name of the lock holder to probe.
+    type: str
+  pid:
+    description: Process id of the lock holder to probe.
+    type: int
+notes:
+  - This module supports check mode; in check mode it writes nothing.
+author:
+  - gpufleet.nvidia maintainers (@gpufleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+attributes:
+  action:
+    support: full
+  async:
+    support: none
+  bypass_host_loop:
+    support: none
+  check_mode:
+    support: full
+  diff_mode:
+    support: none
+  platform:
+    platforms: all
+"""
+
+EXAMPLES = r"""
+- name: Start the rollout
+  gpufleet.nvidia.rollout_report:
+    state: start
+    rollout_id: driver-ltsb
+    report_dir: gpufleet-reports/rollout/driver-ltsb
+    plan:
+      stages:
+        - {name: golden, hosts: [gpu-h100-01]}
+        - {name: waves, hosts: [gpu-h100-02, gpu-a100-01]}
+  register: rollout_start
+
+- name: Print the report
+  gpufleet.nvidia.rollout_report:
+    state: render
+    report_dir: gpufleet-reports/rollout/driver-ltsb
+  register: rollout_report
+"""
+
+RETURN = r"""
+run:
+  description: This run's identity, for O(state=start).
+  returned: when O(state=start)
+  type: dict
+  sample: {"run_id": "ctl-4242-1234567", "controller": "ctl", "pid": 4242, "started_at": "2026-11-29T10:00:00Z"}
+alive:
+  description: Whether the probed process runs; V(null) when it belongs to another controller.
+  returned: when O(state=probe)
+  type: bool
+report_dir:
+  description: Absolute path of the report directory.
+  returned: unless O(state=probe)
+  type: str
+paths:
+  description: Files written (C(json), C(markdown), C(record)).
+  returned: when O(state) is V(start), V(record) or V(render), not in check mode
+  type: dict
+status:
+  description: C(completed), C(stopped) (a node failed) or C(in_progress).
+  returned: when O(state) is V(start), V(record) or V(render), not in check mode
+  type: str
+summary:
+  description: Nodes per result (C(upgraded), C(skipped), C(rolled_back), C(flagged), C(refused), C(not_started)).
+  returned: when O(state) is V(start), V(record) or V(render), not in check mode
+  type: dict
+stopped_by:
+  description: The nodes that stopped the rollout, C({node, stage, result, reason}).
+  returned: when O(state) is V(start), V(record) or V(render), not in check mode
+  type: list
+  elements: dict
+report:
+  description: The whole report.
+  returned: when O(state=render), not in check mode
+  type: dict
+markdown:
+  description: The report as Markdown.
+  returned: when O(state=render), not in check mode
+  type: str
+"""

@@ -1,0 +1,317 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The rollout report: per-node records of the node upgrade transaction, rolled up for people.
+
+Layout of a report directory on the controller (one per rollout id, so a re-run adds to it):
+
+* ``plan.json`` — the stages and their hosts, written when the rollout starts;
+* ``nodes/<host>.json`` — one record per node, written when its transaction ends (each write is
+  atomic, so a controller killed mid-wave leaves complete records of the nodes it finished);
+* ``rollout-report.json`` and ``rollout-report.md`` — regenerated from the two above after every
+  record, under an exclusive lock (``fcntl.flock``) on ``.lock``.
+
+A record (written by the ``node_upgrade`` role): ``{node, stage, class, rollout_id, run_id,
+result, reason, flags, target: {version, branch, requested, note}, before: {userspace, loaded,
+on_disk, state}, after: {...}, rollback: {version, source, ok, reason} | None, started_at,
+finished_at (ISO 8601), durations: {total_s, drain_s, install_s, reboot_s, verify_s, rollback_s},
+gpu_count: {before, after}, new_fatal_xids}``. Results: ``upgraded``, ``skipped`` (already on
+target and healthy), ``rolled_back`` (failed verification, back on the last known-good driver,
+left drained and flagged), ``flagged`` (failed and could not be rolled back; drained and
+flagged), ``refused`` (preflight said no; nothing changed), ``failed``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from typing import Any, Dict, Iterator, List, Mapping, Optional
+
+from jinja2 import Environment, StrictUndefined
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_output import write_atomic
+
+RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed")
+STOPPING = ("rolled_back", "flagged", "refused", "failed")
+_DONE = ("upgraded", "skipped")
+
+
+_PHASES = (
+    ("drain_s", "started", "drained"),
+    ("snapshot_s", "drained", "snapshot"),
+    ("install_s", "snapshot", "installed"),
+    ("reboot_s", "installed", "rebooted"),
+    ("verify_s", "rebooted", "verified"),
+    ("undrain_s", "verified", "undrained"),
+    ("rollback_s", "failed", "recovered"),
+    ("total_s", "started", "finished"),
+)
+
+
+def durations_from_marks(marks: Optional[Mapping[str, Any]]) -> Dict[str, Optional[float]]:
+    """Phase durations in seconds from the epoch times the role marks.
+
+    :param marks: ``{"started", "drained", "snapshot", "installed", "rebooted", "verified",
+        "undrained", "failed", "recovered", "finished"}`` (epoch seconds, any subset).
+    :returns: ``{drain_s, snapshot_s, install_s, reboot_s, verify_s, undrain_s, rollback_s,
+        total_s}``; ``None`` for a phase whose two marks are not both there.
+    """
+    marks = marks or {}
+    out = {}  # type: Dict[str, Optional[float]]
+    for name, start, end in _PHASES:
+        try:
+            out[name] = round(float(marks[end]) - float(marks[start]), 1)
+        except (KeyError, TypeError, ValueError):
+            out[name] = None
+    return out
+
+
+def merge_record(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> Dict[str, Any]:
+    """The record to keep when a node is recorded again (a re-run of the same rollout).
+
+    A re-run skips nodes already on target; their earlier ``upgraded`` record (with its before
+    versions and durations) is kept, marked ``confirmed_at`` / ``confirmed_by_run``, instead of
+    being replaced by a bare ``skipped``. Every other new record replaces the old one, keeping
+    the old one under ``previous_attempt``.
+    """
+    if old and new.get("result") == "skipped" and old.get("result") == "upgraded" \
+            and (old.get("target") or {}).get("version") == (new.get("target") or {}).get("version"):
+        kept = dict(old)
+        kept["confirmed_at"] = new.get("finished_at")
+        kept["confirmed_by_run"] = new.get("run_id")
+        return kept
+    out = dict(new)
+    if old and old.get("run_id") != new.get("run_id"):
+        out["previous_attempt"] = {"run_id": old.get("run_id"), "result": old.get("result"),
+                                   "reason": old.get("reason"), "finished_at": old.get("finished_at")}
+    return out
+
+
+def resolution_note(resolved: Optional[Mapping[str, Any]], catalog: Optional[Mapping[str, Any]] = None,
+                    today: Optional[str] = None) -> Optional[str]:
+    """Why a branch class resolved to an older branch for this node (e.g. V100 on ``ltsb``).
+
+    :param resolved: ``driver_resolve``'s ``resolved`` (``branch``, ``architectures``,
+        ``requested.branch``).
+    :returns: ``"ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta"``,
+        or ``None`` when the node got the newest branch of the class or asked for a branch number.
+    Source: the branch catalog (``branch_catalog.get_catalog``).
+    """
+    if not resolved:
+        return None
+    requested = str(((resolved.get("requested") or {}).get("branch")) or "").lower()
+    if requested not in branch_catalog.BRANCH_CLASSES:
+        return None
+    catalog = catalog or branch_catalog.get_catalog()
+    today = today or catalog.get("as_of")
+    candidates = [b for b, info in catalog["branches"].items() if info.get("class") == requested
+                  and not branch_catalog.date_passed(info.get("eol"), today)]
+    if not candidates:
+        return None
+    newest = max(candidates, key=int)
+    branch = str(resolved.get("branch"))
+    if branch == newest:
+        return None
+    archs = [branch_catalog.architecture_display(a) for a in resolved.get("architectures") or []]
+    served = set(catalog["branches"][newest].get("architectures") or [])
+    missing = [branch_catalog.architecture_display(a) for a in resolved.get("architectures") or []
+               if a not in served]
+    text = "%s resolves to R%s for %s" % (requested, branch, ", ".join(archs) or "these GPUs")
+    if missing:
+        text += ": R%s, the newest %s, does not support %s" % (newest, requested.upper(), ", ".join(missing))
+    else:
+        text += " (R%s is the newest %s)" % (newest, requested.upper())
+    return text
+
+
+def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]],
+                 generated_at: Optional[str] = None) -> Dict[str, Any]:
+    """Roll the records up against the plan.
+
+    :param plan: ``{"rollout_id", "stages": [{"name", "hosts": [..], "serial"}], "request": {...},
+        "started_at"}`` or ``None`` (then the stages come from the records).
+    :param records: ``{host: record}``.
+    :returns: ``{"rollout_id", "generated_at", "status": "completed" | "stopped" | "in_progress",
+        "stopped_by": [{"node", "stage", "result", "reason"}], "summary": {result: n, "not_started": n,
+        "nodes": n}, "stages": [{"name", "hosts", "counts": {...}, "ran": bool}], "nodes": [record
+        or {"node", "stage", "result": "not_started"}] in plan order, "notes": [str],
+        "wall_s": float | None}``.
+    """
+    plan = plan or {}
+    stages = list(plan.get("stages") or [])
+    if not stages:
+        by_stage = {}  # type: Dict[str, List[str]]
+        for host in sorted(records):
+            by_stage.setdefault(records[host].get("stage") or "single", []).append(host)
+        stages = [{"name": name, "hosts": hosts} for name, hosts in by_stage.items()]
+    planned = set()
+    nodes = []  # type: List[Dict[str, Any]]
+    stage_rows = []
+    for stage in stages:
+        counts = dict((result, 0) for result in RESULTS + ("not_started",))
+        for host in stage.get("hosts") or []:
+            planned.add(host)
+            record = records.get(host)
+            if record is None:
+                record = {"node": host, "stage": stage["name"], "result": "not_started"}
+            nodes.append(dict(record))
+            counts[record.get("result") or "failed"] = counts.get(record.get("result") or "failed", 0) + 1
+        stage_rows.append({"name": stage["name"], "hosts": list(stage.get("hosts") or []), "counts": counts,
+                           "ran": any(counts[r] for r in RESULTS)})
+    for host in sorted(set(records) - planned):
+        nodes.append(dict(records[host]))
+    summary = dict((result, 0) for result in RESULTS + ("not_started",))
+    for node in nodes:
+        summary[node.get("result") or "failed"] = summary.get(node.get("result") or "failed", 0) + 1
+    summary["nodes"] = len(nodes)
+    stopped_by = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "reason": n.get("reason")}
+                  for n in nodes if n.get("result") in STOPPING]
+    if stopped_by:
+        status = "stopped"
+    elif all(n.get("result") in _DONE for n in nodes) and nodes:
+        status = "completed"
+    else:
+        status = "in_progress"
+    notes = []
+    for node in nodes:
+        note = (node.get("target") or {}).get("note")
+        if note:
+            notes.append("%s: %s" % (node["node"], note))
+    started = [n.get("started_epoch") for n in nodes if n.get("started_epoch") is not None]
+    finished = [n.get("finished_epoch") for n in nodes if n.get("finished_epoch") is not None]
+    wall = round(max(finished) - min(started), 1) if started and finished else None
+    return {"rollout_id": plan.get("rollout_id") or next((r.get("rollout_id") for r in records.values()), None),
+            "generated_at": generated_at, "request": plan.get("request"), "status": status,
+            "stopped_by": stopped_by, "summary": summary, "stages": stage_rows, "nodes": nodes, "notes": notes,
+            "wall_s": wall}
+
+
+_MARKDOWN = """\
+# Driver rollout {{ r.rollout_id }}
+
+Status: **{{ r.status }}**{{ (' (stopped by ' ~ (r.stopped_by | map(attribute='node') | join(', ')) ~ ')') if r.stopped_by else '' }}.
+{{ s.nodes }} nodes: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target, {{ s.rolled_back }} rolled back, \
+{{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.{{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
+
+| stage | nodes | upgraded | skipped | rolled back | flagged | refused | not started |
+|---|---:|---:|---:|---:|---:|---:|---:|
+{% for st in r.stages %}
+| {{ st.name }} | {{ st.hosts | length }} | {{ st.counts.upgraded }} | {{ st.counts.skipped }} | {{ st.counts.rolled_back }} | {{ st.counts.flagged }} | {{ st.counts.refused }} | {{ st.counts.not_started }} |
+{% endfor %}
+
+| node | stage | result | before | after | target | time | reason |
+|---|---|---|---|---|---|---:|---|
+{% for n in r.nodes %}
+| {{ n.node | md }} | {{ n.stage }} | {{ n.result }} | {{ n.before }} | {{ n.after }} | {{ n.target }} | {{ n.time }} | {{ n.reason | md }} |
+{% endfor %}
+{% if r.notes %}
+
+Notes:
+{% for note in r.notes %}
+- {{ note | md }}
+{% endfor %}
+{% endif %}
+"""
+
+
+def _md(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: Mapping[str, Any]) -> str:
+    """The rollout report as Markdown (Jinja2): status, a table per stage, a row per node, notes."""
+    env = Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                      trim_blocks=True, lstrip_blocks=True)
+    env.filters["md"] = _md
+    safe_nodes = []
+    for node in report["nodes"]:
+        durations = node.get("durations") or {}
+        rollback = node.get("rollback") or {}
+        reason = node.get("reason") or ""
+        if rollback.get("version"):
+            reason += " → rolled back to %s (%s)" % (rollback["version"], "verified" if rollback.get("ok")
+                                                       else "not verified")
+        safe_nodes.append({
+            "node": node.get("node"),
+            "stage": node.get("stage") or "-",
+            "result": node.get("result"),
+            "before": (node.get("before") or {}).get("loaded") or "-",
+            "after": (node.get("after") or {}).get("loaded") or "-",
+            "target": (node.get("target") or {}).get("version") or "-",
+            "time": ("%.0f s" % durations["total_s"]) if durations.get("total_s") is not None else "-",
+            "reason": reason,
+        })
+    view = dict(report)
+    view["nodes"] = safe_nodes
+    return env.from_string(_MARKDOWN).render(r=view, s=report["summary"])
+
+
+@contextlib.contextmanager
+def locked(directory: str) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``<directory>/.lock`` (I/O: creates the directory)."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, ".lock"), "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _load(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path, "r", encoding="utf-8") as handle:
+            return json.load(handle)
+    except (IOError, OSError, ValueError):
+        return None
+
+
+def read_records(directory: str) -> Dict[str, Dict[str, Any]]:
+    """``{host: record}`` from ``<directory>/nodes/*.json`` (I/O)."""
+    nodes_dir = os.path.join(directory, "nodes")
+    out = {}
+    if os.path.isdir(nodes_dir):
+        for name in sorted(os.listdir(nodes_dir)):
+            if name.endswith(".json") and not name.startswith("."):
+                record = _load(os.path.join(nodes_dir, name))
+                if record is not None:
+                    out[name[:-5]] = record
+    return out
+
+
+def write_plan(directory: str, plan: Mapping[str, Any]) -> str:
+    """Write ``plan.json`` (I/O); a re-run of the same rollout keeps the first ``started_at``."""
+    with locked(directory):
+        path = os.path.join(directory, "plan.json")
+        old = _load(path)
+        data = dict(plan)
+        if old and old.get("rollout_id") == plan.get("rollout_id") and old.get("started_at"):
+            data["started_at"] = old["started_at"]
+            data["runs"] = list(old.get("runs") or []) + [r for r in plan.get("runs") or []
+                                                           if r not in (old.get("runs") or [])]
+        write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
+
+
+def record_and_render(directory: str, record: Optional[Mapping[str, Any]],
+                      generated_at: Optional[str] = None) -> Dict[str, Any]:
+    """Store one node's record (merged with an earlier one) and regenerate the report (I/O).
+
+    :returns: ``{"report": the report dict, "paths": {"json", "markdown", "record"}}``.
+    """
+    with locked(directory):
+        paths = {}
+        if record is not None:
+            path = os.path.join(directory, "nodes", "%s.json" % record["node"])
+            merged = merge_record(_load(path), record)
+            write_atomic(path, json.dumps(merged, indent=1, sort_keys=True) + "\n")
+            paths["record"] = path
+        report = build_report(_load(os.path.join(directory, "plan.json")), read_records(directory), generated_at)
+        paths["json"] = os.path.join(directory, "rollout-report.json")
+        paths["markdown"] = os.path.join(directory, "rollout-report.md")
+        write_atomic(paths["json"], json.dumps(report, indent=1, sort_keys=True) + "\n")
+        write_atomic(paths["markdown"], render_markdown(report))
+    return {"report": report, "paths": paths}
