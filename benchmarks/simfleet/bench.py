@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Benchmark of the simulated fleet: base build, ``up 8`` from the cache, memory of 32 nodes.
 
 Usage (as root, from the repository root, with the project's virtualenv Python)::
@@ -131,7 +130,7 @@ def machine() -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     ap.add_argument("--fresh", action="store_true", help="also time `up` on an empty cache (downloads the base)")
     ap.add_argument("--small", type=int, default=8)
     ap.add_argument("--large", type=int, default=32)

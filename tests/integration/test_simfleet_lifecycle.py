@@ -135,7 +135,7 @@ def test_down_leaves_no_mounts_processes_or_ports(own_fleet):
         pids += [n["supervisor_pid"], n["nspawn_pid"], n["init_pid"]] + _proc_descendants(n["init_pid"])
     assert all(pids) and len(pids) > 3 * len(st["nodes"])
     assert set(ports) <= listening_ports()
-    assert any(m.startswith(own_fleet.dir + "/") for m, _, _ in mounts())
+    assert any(m.startswith(own_fleet.dir + "/") for m, _fstype, _source in mounts())
     cgroups = [d for n in own_fleet.nodes() for d in n.cgroup_dirs()]
     assert cgroups and all(os.path.isdir(d) for d in cgroups)
 

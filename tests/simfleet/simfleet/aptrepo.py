@@ -178,7 +178,7 @@ def package_index(fleet_dir: str) -> list[dict]:
             elif line[0].isspace() and last:
                 cur[last] += "\n" + line.strip()
             else:
-                last, _, value = line.partition(":")
+                last, _sep, value = line.partition(":")
                 cur[last] = value.strip()
     if cur:
         stanzas.append(cur)
@@ -227,7 +227,7 @@ class _RepoHandler(http.server.SimpleHTTPRequestHandler):
         """(node or None, path inside the repo root) of the request path."""
         path = self.path.split("?", 1)[0].split("#", 1)[0]
         parts = [p for p in path.split("/") if p]
-        if parts and parts[0] != REPO_SUBDIR.split("/")[0] and parts[0] != "repo-key.asc":
+        if parts and parts[0] != REPO_SUBDIR.split("/", maxsplit=1)[0] and parts[0] != "repo-key.asc":
             return parts[0], "/" + "/".join(parts[1:])
         return None, "/" + "/".join(parts)
 

@@ -133,7 +133,7 @@ def check_host(extra: tuple = ()) -> None:
         raise SimfleetError("simfleet needs root (overlay mounts, systemd-nspawn); run it as root")
     requirements = list(HOST_REQUIREMENTS) + list(extra)
     try:
-        import simfleet.gpu as gpu  # pylint: disable=import-outside-toplevel
+        from simfleet import gpu  # pylint: disable=import-outside-toplevel
 
         requirements.extend(getattr(gpu, "HOST_REQUIREMENTS", ()))
     except ImportError:
@@ -207,7 +207,7 @@ def _mirror_from_deb822(text: str) -> str | None:
         for line in stanza.splitlines():
             if line.startswith("#") or ":" not in line or line[:1].isspace():
                 continue
-            key, _, value = line.partition(":")
+            key, _sep, value = line.partition(":")
             fields[key.strip().lower()] = value.strip()
         if fields.get("enabled", "yes").lower() == "no":
             continue

@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
 
     fault = sub.add_parser("fault", parents=[common], help="inject a fault on a node")
     fault.add_argument("node", help="node name, or 'all'")
-    fault.add_argument("kind", help="reboot_hang, repo_unreachable, clear [kind=K], or a GPU fault kind (build_fail, gpu_lost, xid_storm, nvml_not_supported, version_mismatch, gpu_busy)")
+    fault.add_argument("kind", help="reboot_hang, repo_unreachable, clear [kind=K], or a GPU fault kind "
+                       "(build_fail, gpu_lost, xid_storm, nvml_not_supported, version_mismatch, gpu_busy)")
     fault.add_argument("args", nargs="*", help="arguments of the fault: KEY=VALUE or positional (e.g. build_fail 580.126.20; xid_storm 79 5 1)")
 
     reset = sub.add_parser("reset", parents=[common], help="put nodes back to fresh")
@@ -94,8 +95,8 @@ def _status_text(st: dict) -> str:
                                                        "  blocked: " + ",".join(st["repo"]["blocked"]) if st["repo"]["blocked"] else ""),
              "%-8s %-6s %-6s %-10s %-8s %s" % ("NODE", "CLASS", "PORT", "STATE", "NSPAWN", "BOOT ID")]
     for n in st["nodes"]:
-        lines.append("%-8s %-6s %-6s %-10s %-8s %s" % (n["name"], n["class"], n["port"], n["state"] + ("*" if n["reboot_hang"] else ""),
-                                                     n["nspawn_pid"] or "-", n["boot_id"] or "-"))
+        state = n["state"] + ("*" if n["reboot_hang"] else "")
+        lines.append("%-8s %-6s %-6s %-10s %-8s %s" % (n["name"], n["class"], n["port"], state, n["nspawn_pid"] or "-", n["boot_id"] or "-"))
     return "\n".join(lines)
 
 

@@ -62,7 +62,7 @@ def parse_layout(text: str, count: int | None, classes: Iterable[str]) -> list[s
     explicit = any(":" in x for x in items)
     out: list[str] = []
     for item in items:
-        klass, _, n = item.partition(":")
+        klass, _sep, n = item.partition(":")
         if klass not in known:
             raise SimfleetError("unknown GPU class %r in layout; known: %s" % (klass, ", ".join(known)))
         if explicit:
@@ -202,7 +202,7 @@ class Fleet:
         Returns ``status()``.
         """
         base.check_host()
-        profiles, gstate, _ = _gpu()
+        profiles, gstate, _faults = _gpu()
         os.makedirs(self.dir, exist_ok=True)
         with self._lock():
             started = time.monotonic()
@@ -487,7 +487,7 @@ class Fleet:
             for n in targets:
                 aptrepo.set_blocked(self.dir, n.name, True)
             return done
-        _, gstate, faults = _gpu()
+        _profiles, gstate, faults = _gpu()
         if kind == "clear":
             which = _clear_kind(args)
             for n in targets:
@@ -512,8 +512,7 @@ class Fleet:
 
     def reset(self, names: Iterable[str] | None = None, timeout: float | None = None) -> dict[str, Any]:
         """Put nodes (default: all) back to fresh: stop, drop their writable layer, boot anew."""
-        profiles, gstate, _ = _gpu()
-        del profiles
+        _profiles, gstate, _faults = _gpu()
         with self._lock():
             rec = self.record()
             wanted = set(names or [])

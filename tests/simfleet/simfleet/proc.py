@@ -202,7 +202,7 @@ def mounts() -> list[tuple[str, str, str]]:
     result = []
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
         for line in f:
-            left, _, right = line.partition(" - ")
+            left, _sep, right = line.partition(" - ")
             fields = left.split()
             rfields = right.split()
             if len(fields) < 5 or len(rfields) < 2:
@@ -214,14 +214,14 @@ def mounts() -> list[tuple[str, str, str]]:
 def mounts_under(path: str) -> list[str]:
     """Mount points at or below ``path``, deepest first (the order to unmount them in)."""
     path = os.path.realpath(path).rstrip("/")
-    found = {m for m, _, _ in mounts() if m == path or m.startswith(path + "/")}
+    found = {m for m, _fstype, _source in mounts() if m == path or m.startswith(path + "/")}
     return sorted(found, key=lambda m: (m.count("/"), m), reverse=True)
 
 
 def is_mountpoint(path: str) -> bool:
     """True when ``path`` itself is a mount point."""
     path = os.path.realpath(path)
-    return any(m == path for m, _, _ in mounts())
+    return any(m == path for m, _fstype, _source in mounts())
 
 
 def unmount_under(path: str, attempts: int = 20) -> None:

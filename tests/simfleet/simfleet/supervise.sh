@@ -34,7 +34,8 @@ setstate() {
 find_init() {
     tries=0
     while [ "$tries" -lt 100 ] && kill -0 "$child" 2>/dev/null; do
-        for c in $(cat /proc/"$child"/task/*/children 2>/dev/null); do
+        kids=$(cat /proc/"$child"/task/*/children 2>/dev/null)
+        for c in $kids; do
             ns=$(readlink /proc/"$c"/ns/pid 2>/dev/null) || continue
             if [ -n "$ns" ] && [ "$ns" != "$own_pidns" ]; then
                 echo "$c"
