@@ -16,12 +16,15 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 
 # Debian packages the simulated fleet and the tests need on the control host.
-HOST_PACKAGES := debootstrap systemd-container kmod binutils dpkg-dev apt-utils gnupg \
-	openssh-client python3-venv iproute2 procps
+HOST_PACKAGES := debootstrap debian-archive-keyring systemd-container kmod binutils dpkg-dev \
+	apt-utils gnupg openssh-client python3-venv iproute2 procps mount
 
-.PHONY: test demo deps host-packages venv collection lint sanity unit integration clean
+# Molecule scenarios, each on a simulated fleet of its own.
+MOLECULE_SCENARIOS := $(sort $(notdir $(wildcard molecule/*)))
 
-test: deps lint sanity unit integration
+.PHONY: test demo deps host-packages venv collection lint sanity unit integration molecule clean
+
+test: deps lint sanity unit integration molecule
 
 deps: host-packages venv collection
 
@@ -59,6 +62,12 @@ unit: deps
 
 integration: deps
 	$(PY) -m pytest -q tests/integration
+
+molecule: deps
+	@set -e; for scenario in $(MOLECULE_SCENARIOS); do \
+	  echo "== molecule test -s $$scenario"; \
+	  $(VENV)/bin/molecule test -s $$scenario; \
+	done
 
 demo: deps
 	$(PY) tests/demo.py
