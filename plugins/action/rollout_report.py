@@ -114,7 +114,6 @@ class ActionModule(ActionBase):
             plan.setdefault("started_at", iso)
             plan["runs"] = [result["run"]["run_id"]]
             result["plan_path"] = rollout_report.write_plan(directory, plan)
-            result["changed"] = True
         if state in ("record", "render") or (state == "start" and args["plan"] is not None):
             record = None
             if state == "record":
@@ -130,7 +129,8 @@ class ActionModule(ActionBase):
                         "%Y-%m-%dT%H:%M:%SZ")
                 record.setdefault("finished_at", iso)
                 record.setdefault("finished_epoch", stamp)
-                result["changed"] = True
+                # Bookkeeping on the controller; a node found on target changed nothing.
+                result["changed"] = record.get("result") != "skipped"
             done = rollout_report.record_and_render(directory, record, iso)
             report = done["report"]
             result["paths"] = done["paths"]

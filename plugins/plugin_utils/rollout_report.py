@@ -242,7 +242,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
             "after": (node.get("after") or {}).get("loaded") or "-",
             "target": (node.get("target") or {}).get("version") or "-",
             "time": ("%.0f s" % durations["total_s"]) if durations.get("total_s") is not None else "-",
-            "reason": reason,
+            "reason": reason or "-",
         })
     view = dict(report)
     view["nodes"] = safe_nodes

@@ -1,0 +1,187 @@
+"""Benchmark of the driver rollout: controller cost per node, and batches against fleet size.
+
+Usage (as root, from the repository root, with the project's virtualenv Python)::
+
+    python benchmarks/rollout/bench.py [--nodes 16] [--ports 24500-24599] [--out FILE] [--schedule-only]
+
+1. Sequential batches of the default schedule for fleets of 16, 100, 1,000 and 10,000 nodes,
+   computed by ``module_utils.schedule`` (which reproduces ansible-core's
+   ``_get_serialized_batches``): the waves alone (``serial: [1, "5%", "25%", "100%"]``), and the whole
+   rollout with one golden node per GPU class (5) and a canary pool of 1 % (at least 5, serial
+   ``[1, "100%"]``).
+2. A real rollout on the simulated fleet: ``--nodes`` nodes (classes h100, a100, l40s, v100 in
+   turn) are brought up as fleet ``bench-rollout``, put on the baseline driver 580.126.20 by the
+   driver role (timed apart), then ``playbooks/rollout.yml -e driver_branch=ltsb`` runs with one
+   golden node, two canaries, the default waves and no soak time. The controller's wall time and
+   CPU time (``ansible-playbook`` and every process it forked, from ``os.wait4``) are divided by
+   the number of nodes; the per-node phase durations come from the rollout report. The fleet is
+   taken down afterwards.
+
+Writes the results as JSON (default ``benchmarks/rollout/results.json``) and prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SIMFLEET = os.path.join(REPO, "tests", "simfleet")
+DEFAULT_WAVES = [1, "5%", "25%", "100%"]
+
+INVENTORY = """\
+all:
+  vars:
+    driver_repo_url: "{{ simfleet_apt_repo_url }}"
+    driver_repo_key_src: "{{ simfleet_apt_key_asc_path }}"
+    driver_repo_key_fingerprint: "{{ simfleet_apt_key_fingerprint }}"
+    driver_pynvml: none
+    driver_today: "2026-11-29"
+    bench_arch: {h100: Hopper, a100: Ampere, l40s: Ada Lovelace, v100: Volta, b200: Blackwell}
+    driver_gpu_architectures: "{{ [bench_arch[simfleet_gpu_class]] }}"
+    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in ['h100', 'a100', 'b200'] else 'disabled' }}"
+  children:
+    gpufleet_golden:
+      hosts:
+        node01:
+    gpufleet_canary:
+      hosts:
+        node02:
+        node03:
+"""
+
+BASELINE = """\
+- name: Install the baseline driver
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Install and pin R580
+      ansible.builtin.include_role:
+        name: gpufleet.nvidia.driver
+      vars:
+        driver_branch: "580"
+        driver_version: "580.126.20"
+    - name: Boot it
+      ansible.builtin.reboot:
+      when: driver_reboot_required | bool
+"""
+
+
+def schedule_table():
+    """Sequential batches per fleet size for the default schedule."""
+    sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils import schedule  # pylint: disable=import-outside-toplevel
+
+    rows = []
+    for size in (16, 100, 1000, 10000):
+        golden = 5
+        canary = max(5, size // 100)
+        waves = size - golden - canary
+        plan = schedule.plan_rollout([
+            {"name": "golden", "hosts": golden, "serial": 1},
+            {"name": "canary", "hosts": canary, "serial": [1, "100%"]},
+            {"name": "waves", "hosts": waves, "serial": DEFAULT_WAVES},
+        ])
+        rows.append({
+            "fleet": size,
+            "waves_only_batches": schedule.serial_batches(DEFAULT_WAVES, size),
+            "waves_only_batch_count": schedule.batch_count(DEFAULT_WAVES, size),
+            "staged": dict((s["name"], s["batches"]) for s in plan["stages"]),
+            "staged_batch_count": plan["batch_count"],
+            "gates": plan["gates"],
+            "largest_batch": max(max(s["batches"] or [0]) for s in plan["stages"]),
+        })
+    return rows
+
+
+def run(argv, env, cwd=None, log=None):
+    start = time.perf_counter()
+    with open(log or os.devnull, "w") as out:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        _pid, status, usage = os.wait4(proc.pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise RuntimeError("%s exited %s (log %s)" % (" ".join(argv[:3]), code, log))
+    return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
+
+
+def real_rollout(nodes, ports, workdir):
+    sys.path.insert(0, SIMFLEET)
+    from simfleet.testing import SimFleet, ansible_env, make_fleet  # pylint: disable=import-outside-toplevel
+
+    fleet = make_fleet("bench-rollout", nodes, "h100,a100,l40s,v100", ports)
+    try:
+        handle = SimFleet(fleet)
+        inventory = os.path.join(workdir, "inventory.yml")
+        with open(inventory, "w") as out:
+            out.write(INVENTORY)
+        baseline = os.path.join(workdir, "baseline.yml")
+        with open(baseline, "w") as out:
+            out.write(BASELINE)
+        env = ansible_env()
+        tool = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+        base_wall, base_cpu = run([tool, "-i", handle.inventory, "-i", inventory, baseline, "-f", "16"], env,
+                                  workdir, os.path.join(workdir, "baseline.log"))
+        report_dir = os.path.join(workdir, "report")
+        wall, cpu = run([tool, "-i", handle.inventory, "-i", inventory, os.path.join(REPO, "playbooks", "rollout.yml"),
+                         "-f", "16", "-e", "driver_branch=ltsb", "-e", "rollout_soak_s=0", "-e", "rollout_wave_soak_s=0",
+                         "-e", "rollout_report_dir=%s" % report_dir], env, workdir, os.path.join(workdir, "rollout.log"))
+        with open(os.path.join(report_dir, "rollout-report.json")) as handle_in:
+            report = json.load(handle_in)
+        totals = [n["durations"]["total_s"] for n in report["nodes"] if (n.get("durations") or {}).get("total_s")]
+        phases = {}
+        for phase in ("drain_s", "snapshot_s", "install_s", "reboot_s", "verify_s", "undrain_s"):
+            values = [n["durations"][phase] for n in report["nodes"] if (n.get("durations") or {}).get(phase)]
+            if values:
+                phases[phase] = round(statistics.median(values), 1)
+        batches = [len(b) for s in report["stages"] for b in [s["hosts"]] if b]
+        return {
+            "nodes": nodes,
+            "status": report["status"],
+            "summary": report["summary"],
+            "baseline_wall_s": round(base_wall, 1),
+            "rollout_wall_s": round(wall, 1),
+            "rollout_controller_cpu_s": round(cpu, 1),
+            "wall_s_per_node": round(wall / nodes, 2),
+            "controller_cpu_s_per_node": round(cpu / nodes, 2),
+            "node_transaction_median_s": round(statistics.median(totals), 1) if totals else None,
+            "node_phase_median_s": phases,
+            "stage_hosts": batches,
+        }
+    finally:
+        fleet.down(purge=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--ports", default="24500-24599")
+    parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
+    parser.add_argument("--schedule-only", action="store_true")
+    args = parser.parse_args()
+    results = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                           "platform": platform.platform()},
+               "schedule": schedule_table()}
+    if not args.schedule_only:
+        workdir = tempfile.mkdtemp(prefix="rollout-bench-")
+        try:
+            results["rollout"] = real_rollout(args.nodes, args.ports, workdir)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    with open(args.out, "w") as out:
+        json.dump(results, out, indent=1, sort_keys=True)
+        out.write("\n")
+    print(json.dumps(results, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

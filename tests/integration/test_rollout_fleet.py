@@ -1,0 +1,402 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The driver rollout end to end on a simulated fleet of its own (playbooks/rollout.yml, rollback.yml).
+
+One fleet for the module, seven nodes, every node first on the baseline driver 580.126.20 (R580
+LTSB, installed by the driver role). Then, in order:
+
+* ``--check`` changes nothing anywhere;
+* a rollout of ``driver_branch: ltsb`` over nodes 1-4 (golden node01, canary node02, waves
+  node03/node04) whose controller is killed in the middle of the waves; the re-run finishes
+  without redoing healthy nodes: H100/A100/L40S on the newest R620, the V100 on R580 with the
+  report saying why;
+* rollback.yml returns the wave (node03, node04) to 580.126.20;
+* a lock held by another controller refuses a second rollout on a node;
+* faults, three rollouts at once on disjoint nodes: a module build failure in a wave (node03),
+  a GPU lost after the golden node's reboot (node05), a fatal Xid storm during the canary
+  pool's soak (node07, after golden node06), then a version mismatch after reboot (golden
+  node01) and a reboot that never comes back (golden node02) at once. Each failed node ends on
+  its last known-good driver or drained and flagged, the rollout stops there and every other
+  node is untouched.
+
+Drain uses the ``command`` backend: a marker file per node in the test's directory, so that
+"drained" is visible on the controller.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SIMFLEET_DIR = os.path.join(REPO, "tests", "simfleet")
+if SIMFLEET_DIR not in sys.path:
+    sys.path.append(SIMFLEET_DIR)
+
+from simfleet.testing import SimFleet, ansible_env, fleet_unavailable, make_fleet  # noqa: E402
+
+pytestmark = pytest.mark.fleet
+
+LAYOUT = "h100,a100,l40s,v100,h100,h100,a100"
+BASELINE = "580.126.20"
+ROLLOUT = os.path.join(REPO, "playbooks", "rollout.yml")
+ROLLBACK = os.path.join(REPO, "playbooks", "rollback.yml")
+
+INVENTORY = """\
+all:
+  vars:
+    driver_repo_url: "{{ simfleet_apt_repo_url }}"
+    driver_repo_key_src: "{{ simfleet_apt_key_asc_path }}"
+    driver_repo_key_fingerprint: "{{ simfleet_apt_key_fingerprint }}"
+    driver_pynvml: none
+    driver_today: "2026-11-29"
+    test_arch: {h100: Hopper, a100: Ampere, l40s: Ada Lovelace, v100: Volta, b200: Blackwell}
+    driver_gpu_architectures: "{{ [test_arch[simfleet_gpu_class]] }}"
+    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in ['h100', 'a100', 'b200'] else 'disabled' }}"
+    node_upgrade_drain: command
+    node_upgrade_drain_command: [touch, "%(dir)s/drained/{{ inventory_hostname }}"]
+    node_upgrade_undrain_command: [rm, -f, "%(dir)s/drained/{{ inventory_hostname }}"]
+    node_upgrade_reboot_timeout_s: 90
+    node_upgrade_rescue_connect_timeout_s: 15
+  children:
+    gpu_h100:
+      vars:
+        gpu_policy_persistence_mode: true
+        gpu_policy_power_limit_w: 600
+        gpu_policy_compute_mode: default
+    gpufleet_golden:
+      hosts:
+        node01:
+    gpufleet_canary:
+      hosts:
+        node02:
+    golden_b:
+      hosts:
+        node05:
+    golden_c:
+      hosts:
+        node06:
+    canary_c:
+      hosts:
+        node07:
+"""
+
+BASELINE_PLAYBOOK = """\
+- name: Install the baseline driver
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Use the simulated kernel log first, as a real dmesg would be
+      ansible.builtin.file:
+        src: /usr/local/bin/dmesg
+        dest: /usr/sbin/dmesg
+        state: link
+    - name: Install and pin R580
+      ansible.builtin.include_role:
+        name: gpufleet.nvidia.driver
+      vars:
+        driver_branch: "580"
+        driver_version: "%s"
+    - name: Boot the baseline driver
+      ansible.builtin.reboot:
+      when: driver_reboot_required | bool
+""" % BASELINE
+
+
+class Rollouts(object):
+    """The fleet and the test's directory (inventory additions, drain markers, reports)."""
+
+    def __init__(self, fleet, workdir):
+        self.fleet = fleet
+        self.dir = workdir
+        self.inventory = os.path.join(workdir, "rollout-inventory.yml")
+        os.makedirs(os.path.join(workdir, "drained"), exist_ok=True)
+        with open(self.inventory, "w") as handle:
+            handle.write(INVENTORY % {"dir": workdir})
+
+    def argv(self, playbook, *extra):
+        tool = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+        return [tool, "-i", self.fleet.inventory, "-i", self.inventory, playbook] + list(extra)
+
+    def start(self, playbook, *extra):
+        log = open(os.path.join(self.dir, "run-%d.log" % time.time_ns()), "w")
+        return subprocess.Popen(self.argv(playbook, *extra), env=ansible_env(), cwd=self.dir, stdout=log,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True), log.name
+
+    def run(self, playbook, *extra, timeout=1800):
+        proc, log = self.start(playbook, *extra)
+        proc.wait(timeout=timeout)
+        with open(log) as handle:
+            return proc.returncode, handle.read()
+
+    def rollout(self, rollout_id, hosts, *extra, start=False):
+        args = ["-e", "driver_branch=ltsb", "-e", "rollout_id=%s" % rollout_id, "-e", "rollout_hosts=%s" % hosts,
+                "-e", "rollout_report_dir=%s" % self.report_dir(rollout_id), "-e", "rollout_soak_s=0",
+                "-e", "rollout_wave_soak_s=0"] + list(extra)
+        return self.start(ROLLOUT, *args) if start else self.run(ROLLOUT, *args)
+
+    def report_dir(self, rollout_id):
+        return os.path.join(self.dir, "reports", rollout_id)
+
+    def report(self, rollout_id):
+        with open(os.path.join(self.report_dir(rollout_id), "rollout-report.json")) as handle:
+            return json.load(handle)
+
+    def record(self, rollout_id, node):
+        path = os.path.join(self.report_dir(rollout_id), "nodes", node + ".json")
+        if not os.path.exists(path):
+            return None
+        with open(path) as handle:
+            return json.load(handle)
+
+    def sh(self, node, command):
+        return self.fleet.run(node, command, check=True).stdout
+
+    def state(self, node):
+        """What must not move on an untouched node: versions, holds, boot, rollout files, drain."""
+        return {
+            "packages": self.sh(node, "dpkg-query -W -f='${Package}=${Version} ${db:Status-Abbrev}\\n' "
+                                      "'nvidia-*' 'libnvidia-*' 'libcuda*' 2>/dev/null | sort"),
+            "held": self.sh(node, "apt-mark showhold | sort"),
+            "loaded": self.loaded(node),
+            "boot_id": self.fleet.boot_id(node),
+            "rollout_files": self.sh(node, "ls /var/lib/gpufleet/rollout /etc/ansible/facts.d 2>/dev/null || true"),
+            "drained": self.drained(node),
+        }
+
+    def loaded(self, node):
+        return self.sh(node, "cat /sys/module/nvidia/version 2>/dev/null || true").strip()
+
+    def userspace(self, node):
+        return self.sh(node, "dpkg-query -W -f='${Version}' libnvidia-ml1").strip().rsplit("-", 1)[0]
+
+    def drained(self, node):
+        return os.path.exists(os.path.join(self.dir, "drained", node))
+
+    def flag(self, node):
+        out = self.fleet.run(node, "cat /etc/ansible/facts.d/gpufleet_rollout.fact").stdout
+        return json.loads(out) if out.strip() else None
+
+    def lock_exists(self, node):
+        return self.fleet.run(node, "test -e /var/lib/gpufleet/rollout/lock.json").returncode == 0
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory):
+    reason = fleet_unavailable()
+    if reason:
+        pytest.skip(reason)
+    name = os.environ.get("ROLLOUT_TEST_FLEET") or "rollout-test"
+    ports = os.environ.get("ROLLOUT_TEST_PORTS") or "24300-24399"
+    fleet = make_fleet(name, None, LAYOUT, ports)
+    try:
+        handle = Rollouts(SimFleet(fleet), str(tmp_path_factory.mktemp("rollout")))
+        baseline = os.path.join(handle.dir, "baseline.yml")
+        with open(baseline, "w") as out:
+            out.write(BASELINE_PLAYBOOK)
+        code, log = handle.run(baseline, "-f", "8")
+        assert code == 0, log[-4000:]
+        yield handle
+    finally:
+        if os.environ.get("SIMFLEET_TEST_KEEP") != "1":
+            fleet.down(purge=True)
+
+
+def assert_on(rollouts, node, version):
+    assert rollouts.userspace(node) == version
+    assert rollouts.loaded(node) == version
+
+
+def test_check_mode_changes_nothing(rollouts):
+    nodes = ["node01", "node02", "node03", "node04"]
+    before = dict((node, rollouts.state(node)) for node in nodes)
+    code, log = rollouts.run(ROLLOUT, "--check", "-e", "driver_branch=ltsb", "-e", "rollout_id=check",
+                             "-e", "rollout_hosts=node01:node02:node03:node04",
+                             "-e", "rollout_report_dir=%s" % rollouts.report_dir("check"))
+    assert code == 0, log[-4000:]
+    assert "node01 (golden): would drain (command), install 620.82.01, reboot, verify and return to service" in log
+    assert "node04 (waves): would drain (command), install 580.178.04" in log
+    for node in nodes:
+        assert rollouts.state(node) == before[node], node
+    assert not os.path.exists(rollouts.report_dir("check"))
+
+
+def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts):
+    proc, log = rollouts.rollout("ltsb", "node01:node02:node03:node04", start=True)
+    killed = False
+    deadline = time.time() + 1500
+    while time.time() < deadline and proc.poll() is None:
+        node03 = rollouts.record("ltsb", "node03")
+        if node03 and node03["result"] == "upgraded" and rollouts.lock_exists("node04"):
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.5)
+    proc.wait(timeout=60)
+    assert killed, "the first run ended before node04 took its lock: %s" % open(log).read()[-3000:]
+    first = rollouts.report("ltsb")
+    assert first["status"] == "in_progress"
+    assert rollouts.record("ltsb", "node04") is None
+    first_run = rollouts.record("ltsb", "node01")["run_id"]
+
+    code, out = rollouts.rollout("ltsb", "node01:node02:node03:node04")
+    assert code == 0, out[-4000:]
+    report = rollouts.report("ltsb")
+    assert report["status"] == "completed"
+    assert report["summary"]["upgraded"] == 4
+    by_node = dict((n["node"], n) for n in report["nodes"])
+    # Nodes finished by the killed run keep their record; the re-run only confirmed them.
+    for node in ("node01", "node02", "node03"):
+        assert by_node[node]["run_id"] == first_run
+        assert by_node[node]["confirmed_by_run"] not in (None, first_run)
+        assert by_node[node]["before"]["loaded"] == BASELINE
+    assert by_node["node04"]["run_id"] != first_run
+    assert by_node["node01"]["stage"] == "golden" and by_node["node02"]["stage"] == "canary"
+    assert by_node["node04"]["stage"] == "waves"
+    # H100, A100, L40S: the newest R620; V100: the newest R580, and the report says why.
+    for node in ("node01", "node02", "node03"):
+        assert_on(rollouts, node, "620.82.01")
+    assert_on(rollouts, "node04", "580.178.04")
+    assert "node04: ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta" in report["notes"]
+    for node in ("node01", "node02", "node03", "node04"):
+        held = rollouts.sh(node, "apt-mark showhold").split()
+        assert "libnvidia-ml1" in held
+        assert {"nvidia-kernel-open-dkms", "nvidia-kernel-dkms"} & set(held)
+        assert not rollouts.drained(node)
+        assert rollouts.flag(node) is None
+        assert not rollouts.lock_exists(node)
+        local = json.loads(rollouts.sh(node, "cat /etc/ansible/facts.d/gpufleet_driver.fact"))
+        assert local["last_known_good"]["version"] == rollouts.userspace(node)
+    # The H100 policy is in effect after the reboot.
+    policy = json.loads(rollouts.sh("node01", "cat /var/lib/gpufleet/gpu_policy/report.json"))
+    assert all(gpu["in_effect"]["power_limit_w"] == 600.0 and gpu["in_effect"]["persistence_mode"] is True
+               for gpu in policy)
+    markdown = open(os.path.join(rollouts.report_dir("ltsb"), "rollout-report.md")).read()
+    assert "Status: **completed**." in markdown
+    assert "| node04 | waves | upgraded | 580.126.20 | 580.178.04 | 580.178.04 |" in markdown
+
+
+def test_rollback_playbook_returns_a_wave(rollouts):
+    untouched = dict((node, rollouts.state(node)) for node in ("node01", "node02"))
+    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=node03:node04", "-e", "rollback_id=wave",
+                             "-e", "rollback_report_dir=%s" % rollouts.report_dir("wave-rollback"))
+    assert code == 0, log[-4000:]
+    for node in ("node03", "node04"):
+        assert_on(rollouts, node, BASELINE)
+        assert not rollouts.drained(node)
+        assert rollouts.flag(node) is None
+    records = dict((n["node"], n) for n in rollouts.report("wave-rollback")["nodes"])
+    assert records["node03"]["result"] == "rolled_back"
+    assert records["node03"]["before"]["loaded"] == "620.82.01"
+    assert records["node04"]["before"]["loaded"] == "580.178.04"
+    for node, state in untouched.items():
+        assert rollouts.state(node) == state
+
+
+def test_lock_of_another_controller_refuses_a_second_rollout(rollouts):
+    lock = {"rollout_id": "other", "run_id": "elsewhere-1-1", "controller": "another-controller", "pid": 4242,
+            "acquired_at": time.time()}
+    rollouts.fleet.run("node04", "mkdir -p /var/lib/gpufleet/rollout && cat > /var/lib/gpufleet/rollout/lock.json",
+                       check=True, input=json.dumps(lock))
+    before = rollouts.state("node04")
+    code, log = rollouts.rollout("locked", "node04")
+    assert code == 2, log[-3000:]
+    record = rollouts.record("locked", "node04")
+    assert record["result"] == "refused"
+    assert "locked by rollout other (run elsewhere-1-1, controller another-controller, pid 4242)" in record["reason"]
+    assert rollouts.state("node04") == before
+    rollouts.fleet.run("node04", "rm -f /var/lib/gpufleet/rollout/lock.json", check=True)
+
+
+def wait_for(predicate, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError("timed out waiting for %s" % what)
+
+
+def assert_recovered(rollouts, rollout_id, node, lkg):
+    """The failed node ends on its last known-good driver or drained and flagged; the rollout stopped."""
+    report = rollouts.report(rollout_id)
+    assert report["status"] == "stopped"
+    assert [s["node"] for s in report["stopped_by"]] == [node]
+    record = rollouts.record(rollout_id, node)
+    assert record["result"] in ("rolled_back", "flagged")
+    on_lkg = rollouts.fleet.boot_id(node) is not None and rollouts.loaded(node) == lkg
+    assert on_lkg or (rollouts.drained(node) and record["flag"]["flagged"]), record
+    assert rollouts.drained(node)
+    if rollouts.fleet.boot_id(node) is not None:
+        assert rollouts.flag(node)["rollout_id"] == rollout_id
+    return record
+
+
+def test_faults_in_a_wave_at_golden_and_in_the_canary_pool(rollouts):
+    fleet = rollouts.fleet
+    untouched = dict((node, rollouts.state(node)) for node in ("node01", "node02", "node04"))
+    fleet.fault("node03", "build_fail", version="620.82.01")
+    fleet.fault("node05", "gpu_lost", gpu="2")
+    wave, _ = rollouts.rollout("f-wave", "node01:node02:node03:node04", start=True)
+    golden, _ = rollouts.rollout("f-golden", "node05:node04", "-e", "rollout_golden_group=golden_b",
+                                 start=True)
+    canary, _ = rollouts.rollout("f-canary", "node06:node07:node04", "-e", "rollout_golden_group=golden_c",
+                                 "-e", "rollout_canary_group=canary_c", "-e", "rollout_soak_s=40", start=True)
+    wait_for(lambda: (rollouts.record("f-canary", "node07") or {}).get("result") == "upgraded", 900,
+             "the canary node07 to be upgraded")
+    fleet.fault("node07", "xid_storm", xid="48", count="5", gpu="1")
+    for proc in (wave, golden, canary):
+        proc.wait(timeout=1200)
+        assert proc.returncode == 2
+
+    # Wave: module build failure on node03; node04, in the next batch, never starts.
+    record = assert_recovered(rollouts, "f-wave", "node03", BASELINE)
+    assert "apt-get failed" in record["reason"]
+    assert rollouts.report("f-wave")["summary"]["not_started"] == 1
+    assert rollouts.record("f-wave", "node04") is None
+    # Golden: GPU lost after the reboot; the waves (node04) never start.
+    record = assert_recovered(rollouts, "f-golden", "node05", BASELINE)
+    assert "gpu_count_changed" in record["flags"] or "gpu_unreadable" in record["flags"]
+    assert rollouts.record("f-golden", "node04") is None
+    # Canary: fatal Xid storm during the soak; golden node06 stays upgraded, node04 never starts.
+    record = assert_recovered(rollouts, "f-canary", "node07", BASELINE)
+    assert "new fatal Xid during the soak: Xid 48" in record["reason"]
+    assert rollouts.record("f-canary", "node06")["result"] == "upgraded"
+    assert_on(rollouts, "node06", "620.82.01")
+    assert rollouts.record("f-canary", "node04") is None
+    for node, state in untouched.items():
+        assert rollouts.state(node) == state, node
+
+
+def test_version_mismatch_and_reboot_hang_at_golden(rollouts):
+    fleet = rollouts.fleet
+    fleet.fault("node01", "version_mismatch")
+    fleet.fault("node02", "reboot_hang")
+    untouched = rollouts.state("node04")
+    # node01 and node02 run 620.82.01: going to 620.70.06 is the same transaction as an upgrade.
+    mismatch, _ = rollouts.rollout("f-mismatch", "node01:node04", "-e", "driver_version=620.70.06",
+                                   "-e", "rollout_golden_group=gpufleet_golden", start=True)
+    hang, _ = rollouts.rollout("f-hang", "node02:node04", "-e", "driver_version=620.70.06",
+                               "-e", "rollout_golden_group=gpufleet_canary", "-e", "rollout_canary_group=none",
+                               start=True)
+    for proc in (mismatch, hang):
+        proc.wait(timeout=1200)
+        assert proc.returncode in (2, 4)
+    record = assert_recovered(rollouts, "f-mismatch", "node01", "620.82.01")
+    assert "version_not_loaded" in record["flags"] or "target 620.70.06 is not running" in record["reason"]
+    record = rollouts.record("f-hang", "node02")
+    assert record["result"] == "flagged"
+    assert "does not answer" in record["reason"]
+    assert rollouts.drained("node02")
+    assert rollouts.report("f-hang")["status"] == "stopped"
+    assert rollouts.record("f-hang", "node04") is None
+    assert rollouts.state("node04") == untouched
+    fleet.fault("node02", "clear")

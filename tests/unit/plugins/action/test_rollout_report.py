@@ -1,0 +1,183 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The rollout report: records, merge on re-run, roll-up, Markdown, and the rollout_report action."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+from ansible_collections.gpufleet.nvidia.plugins.action.rollout_report import pid_alive, process_start_ticks
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report as rr
+
+PLAN = {"rollout_id": "driver-ltsb", "stages": [
+    {"name": "golden", "hosts": ["h1"]},
+    {"name": "canary", "hosts": ["a1"]},
+    {"name": "waves", "hosts": ["l1", "v1", "h2"]},
+]}
+
+
+def record(node, stage, result, run="r1", before="580.126.20", after="620.82.01", target="620.82.01", **extra):
+    out = {"node": node, "stage": stage, "result": result, "run_id": run, "rollout_id": "driver-ltsb",
+           "reason": extra.pop("reason", ""), "before": {"loaded": before}, "after": {"loaded": after},
+           "target": {"version": target, "note": extra.pop("note", None)},
+           "durations": {"total_s": extra.pop("total_s", 60.0)}, "started_epoch": 100.0, "finished_epoch": 160.0}
+    out.update(extra)
+    return out
+
+
+def test_durations_from_marks():
+    marks = {"started": 100.0, "drained": 103.5, "snapshot": 105.0, "installed": 140.25, "rebooted": 150.0,
+             "verified": 158.0, "undrained": 159.0, "finished": 160.0}
+    assert rr.durations_from_marks(marks) == {"drain_s": 3.5, "snapshot_s": 1.5, "install_s": 35.2, "reboot_s": 9.8,
+                                              "verify_s": 8.0, "undrain_s": 1.0, "rollback_s": None,
+                                              "total_s": 60.0}
+    failed = rr.durations_from_marks({"started": 0, "failed": 50.0, "recovered": 95.5, "finished": 96})
+    assert failed["rollback_s"] == 45.5 and failed["verify_s"] is None
+
+
+def test_merge_keeps_the_upgrade_when_a_rerun_skips_the_node():
+    old = record("h1", "golden", "upgraded", run="r1")
+    new = record("h1", "golden", "skipped", run="r2", before="620.82.01", finished_at="t2")
+    kept = rr.merge_record(old, new)
+    assert kept["result"] == "upgraded" and kept["run_id"] == "r1"
+    assert kept["confirmed_by_run"] == "r2" and kept["confirmed_at"] == "t2"
+    # A new failure replaces the record and keeps the old attempt.
+    failed = rr.merge_record(old, record("h1", "golden", "rolled_back", run="r2"))
+    assert failed["result"] == "rolled_back"
+    assert failed["previous_attempt"]["result"] == "upgraded"
+    # A skip for another target is a new fact.
+    other = rr.merge_record(old, record("h1", "golden", "skipped", run="r2", target="620.70.06"))
+    assert other["result"] == "skipped"
+
+
+def test_resolution_note_for_volta_and_none_for_the_newest():
+    note = rr.resolution_note({"branch": "580", "architectures": ["volta"], "requested": {"branch": "ltsb"}})
+    assert note == "ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta"
+    assert rr.resolution_note({"branch": "620", "architectures": ["hopper"], "requested": {"branch": "ltsb"}}) is None
+    assert rr.resolution_note({"branch": "580", "architectures": ["hopper"], "requested": {"branch": "580"}}) is None
+
+
+def test_report_status_stopped_completed_in_progress():
+    stopped = rr.build_report(PLAN, {
+        "h1": record("h1", "golden", "upgraded"),
+        "a1": record("a1", "canary", "rolled_back", reason="GPU count changed: 8 before, 7 after", after="580.126.20"),
+    })
+    assert stopped["status"] == "stopped"
+    assert stopped["stopped_by"] == [{"node": "a1", "stage": "canary", "result": "rolled_back",
+                                      "reason": "GPU count changed: 8 before, 7 after"}]
+    assert stopped["summary"]["not_started"] == 3
+    assert [s["ran"] for s in stopped["stages"]] == [True, True, False]
+    assert [n["result"] for n in stopped["nodes"]] == ["upgraded", "rolled_back", "not_started", "not_started",
+                                                       "not_started"]
+    done = rr.build_report(PLAN, dict((n, record(n, "x", "upgraded")) for n in ("h1", "a1", "l1", "v1", "h2")))
+    assert done["status"] == "completed" and done["summary"]["upgraded"] == 5 and done["wall_s"] == 60.0
+    assert rr.build_report(PLAN, {"h1": record("h1", "golden", "upgraded")})["status"] == "in_progress"
+
+
+def test_markdown_rows_and_notes():
+    report = rr.build_report(PLAN, {
+        "h1": record("h1", "golden", "upgraded", total_s=119.4),
+        "v1": record("v1", "waves", "upgraded", after="580.178.04", target="580.178.04",
+                     note="ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta"),
+        "a1": record("a1", "canary", "flagged", reason="a|b", rollback={"version": "580.126.20", "ok": False}),
+    })
+    text = rr.render_markdown(report)
+    assert "Status: **stopped** (stopped by a1)." in text
+    assert "| h1 | golden | upgraded | 580.126.20 | 620.82.01 | 620.82.01 | 119 s | - |" in text
+    assert "| a1 | canary | flagged | 580.126.20 | 620.82.01 | 620.82.01 | 60 s | a\\|b → rolled back to 580.126.20 " \
+           "(not verified) |" in text
+    assert "| l1 | waves | not_started | - | - | - | - | - |" in text
+    assert "- v1: ltsb resolves to R580 for Volta" in text
+
+
+def test_concurrent_records_all_land(tmp_path):
+    directory = str(tmp_path / "report")
+    rr.write_plan(directory, dict(PLAN, started_at="first"))
+    threads = [threading.Thread(target=rr.record_and_render, args=(directory, record(n, "waves", "upgraded")))
+               for n in ("h1", "a1", "l1", "v1", "h2")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    with open(os.path.join(directory, "rollout-report.json")) as handle:
+        report = json.load(handle)
+    assert report["summary"]["upgraded"] == 5 and report["status"] == "completed"
+    # A re-run of the same rollout keeps the first start time and adds its run.
+    first = json.load(open(os.path.join(directory, "plan.json")))
+    rr.write_plan(directory, dict(PLAN, started_at="later", runs=["r2"]))
+    again = json.load(open(os.path.join(directory, "plan.json")))
+    assert first["started_at"] == again["started_at"] == "first"
+    assert again["runs"] == ["r2"]
+
+
+def test_pid_alive_and_start_ticks(tmp_path):
+    proc = tmp_path / "4242"
+    proc.mkdir()
+    (proc / "cmdline").write_bytes(b"/usr/bin/python3\x00/usr/bin/ansible-playbook\x00site.yml\x00")
+    (proc / "stat").write_text("4242 (ansible-playboo) S 1 4242 4242 0 -1 4194560 1 0 0 0 1 2 0 0 20 0 1 0 "
+                               "987654 1000 10 18446744073709551615\n")
+    assert pid_alive(4242, str(tmp_path)) is True
+    assert pid_alive(4343, str(tmp_path)) is False
+    assert process_start_ticks(4242, str(tmp_path)) == 987654
+    (proc / "cmdline").write_bytes(b"/usr/sbin/sshd\x00")
+    assert pid_alive(4242, str(tmp_path)) is False
+
+
+def test_action_start_record_render_and_probe(tmp_path):
+    playbook = tmp_path / "pb.yml"
+    playbook.write_text(
+        "- name: Report\n"
+        "  hosts: localhost\n"
+        "  gather_facts: false\n"
+        "  tasks:\n"
+        "    - name: Start\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: start\n"
+        "        rollout_id: t\n"
+        "        report_dir: rep\n"
+        "        plan: {stages: [{name: golden, hosts: [n1]}, {name: waves, hosts: [n2]}]}\n"
+        "      register: started\n"
+        "    - name: Probe this very run\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: probe\n"
+        "        controller: \"{{ started.run.controller }}\"\n"
+        "        pid: \"{{ started.run.pid }}\"\n"
+        "      register: probe\n"
+        "    - name: Record\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: record\n"
+        "        report_dir: rep\n"
+        "        record: {node: n1, stage: golden, result: upgraded, target: {version: '620.82.01'},\n"
+        "                 marks: {started: 10.0, drained: 12.0, finished: 70.0}}\n"
+        "      register: recorded\n"
+        "    - name: Render\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: render\n"
+        "        report_dir: rep\n"
+        "      register: rendered\n"
+        "    - name: Show\n"
+        "      ansible.builtin.debug:\n"
+        "        msg: \"RESULT {{ {'run': started.run, 'alive': probe.alive, 'status': rendered.status,\n"
+        "                           'summary': rendered.summary, 'changed': recorded.changed} | to_json }}\"\n"
+    )
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = proc.stdout.split("RESULT ", 1)[1].split("\n")[0].rstrip('"').replace('\\"', '"')
+    result = json.loads(line)
+    assert result["alive"] is True
+    assert result["run"]["run_id"].startswith("%s-%d-" % (result["run"]["controller"], result["run"]["pid"]))
+    assert result["status"] == "in_progress"
+    assert result["summary"]["upgraded"] == 1 and result["summary"]["not_started"] == 1
+    assert result["changed"] is True
+    stored = json.loads((tmp_path / "rep" / "nodes" / "n1.json").read_text())
+    assert stored["durations"]["drain_s"] == 2.0 and stored["durations"]["total_s"] == 60.0
+    assert stored["started_at"] == "1970-01-01T00:00:10Z"
