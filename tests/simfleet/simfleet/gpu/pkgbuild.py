@@ -88,7 +88,11 @@ configure)
     echo "Building for $KVER"
     echo "Building initial module for $KVER"
     if build_fails; then
-        printf 'make -j2 KERNELRELEASE=%s modules\nnvidia/nv.c: error: simulated build failure (fault build_fail %s)\nmake: *** [Makefile:85: modules] Error 2\n' "$KVER" "$VERSION" > "$DKMS_DIR/build/make.log"
+        {
+            printf 'make -j2 KERNELRELEASE=%s modules\n' "$KVER"
+            printf 'nvidia/nv.c: error: simulated build failure (fault build_fail %s)\n' "$VERSION"
+            printf 'make: *** [Makefile:85: modules] Error 2\n'
+        } > "$DKMS_DIR/build/make.log"
         echo "Error! Bad return status for module build on kernel: $KVER (x86_64)" >&2
         echo "Consult /var/lib/dkms/nvidia/$VERSION/build/make.log for more information." >&2
         exit 10
@@ -102,7 +106,11 @@ configure)
         modname=$(echo "$name" | tr - _)
         printf 'version=%s\000supported=external\000license=%s\000' "$VERSION" "$LICENSE" > "$TMP/modinfo"
         if [ "$name" = nvidia ]; then
-            printf 'description=NVIDIA core GPU kernel module\000firmware=nvidia/%s/gsp_ga10x.bin\000firmware=nvidia/%s/gsp_tu10x.bin\000alias=char-major-195-*\000' "$VERSION" "$VERSION" >> "$TMP/modinfo"
+            {
+                printf 'description=NVIDIA core GPU kernel module\000'
+                printf 'firmware=nvidia/%s/gsp_ga10x.bin\000firmware=nvidia/%s/gsp_tu10x.bin\000' "$VERSION" "$VERSION"
+                printf 'alias=char-major-195-*\000'
+            } >> "$TMP/modinfo"
         fi
         printf 'name=%s\000vermagic=%s SMP preempt mod_unload modversions \000' "$modname" "$KVER" >> "$TMP/modinfo"
         objcopy --add-section .modinfo="$TMP/modinfo" --set-section-flags .modinfo=alloc,readonly \
@@ -214,7 +222,7 @@ class Package:
         for key in ("Pre-Depends", "Depends", "Recommends", "Provides", "Conflicts", "Replaces", "Breaks"):
             if self.fields.get(key):
                 lines.append("%s: %s" % (key, self.fields[key]))
-        summary, _, body = self.description.partition("\n")
+        summary, _newline, body = self.description.partition("\n")
         lines.append("Description: %s" % summary)
         body = body or "Simulated package of the gpufleet.nvidia test fleet; it carries no NVIDIA software."
         lines.extend(" " + line if line else " ." for line in body.splitlines())

@@ -395,14 +395,16 @@ def gpu_xml(ctx: Context, gpu: Dict[str, Any]) -> XmlNode:
     fstate, fstatus = _fabric_state(ctx, gpu)
     fabric: List[XmlNode] = [("state", fstate), ("status", fstatus)]
     if new:
+        health_fields = ("summary", "bandwidth", "route_recovery_in_progress", "route_unhealthy",
+                         "access_timeout_recovery", "incorrect_configuration")
         fabric += [("cliqueId", NA if fstate == NA else "0"), ("clusterUuid", NA),
-                   ("health", [(k, NA) for k in ("summary", "bandwidth", "route_recovery_in_progress",
-                                                  "route_unhealthy", "access_timeout_recovery",
-                                                  "incorrect_configuration")])]
+                   ("health", [(k, NA) for k in health_fields])]
     body.append(("fabric", fabric))
-    body.append(("supported_clocks", [("supported_mem_clock", [
-        ("value", ck("max_mem"))] + [("supported_graphics_clock", _mhz(int(clocks["max_graphics"]) - 15 * i))
-                                      for i in range(3)])] if clocks_ok else NA))
+    if clocks_ok:
+        graphics = [("supported_graphics_clock", _mhz(int(clocks["max_graphics"]) - 15 * i)) for i in range(3)]
+        body.append(("supported_clocks", [("supported_mem_clock", [("value", ck("max_mem"))] + graphics)]))
+    else:
+        body.append(("supported_clocks", NA))
     procs: List[XmlNode] = []
     if D.supported(gpu, "processes"):
         for proc in gpu.get("processes") or []:
@@ -492,8 +494,8 @@ QUERY_FIELDS: Dict[str, Tuple[Optional[str], str, Callable[[Context, Dict[str, A
     "memory.total": _q("memory", "MiB", lambda ctx, g: str(g["memory"]["total_mib"])),
     "memory.reserved": _q("memory", "MiB", lambda ctx, g: str(g["memory"]["reserved_mib"])),
     "memory.used": _q("memory", "MiB", lambda ctx, g: str(g["memory"]["used_mib"])),
-    "memory.free": _q("memory", "MiB", lambda ctx, g: str(int(g["memory"]["total_mib"]) - int(g["memory"]["reserved_mib"])
-                                                        - int(g["memory"]["used_mib"]))),
+    "memory.free": _q("memory", "MiB", lambda ctx, g: str(
+        int(g["memory"]["total_mib"]) - int(g["memory"]["reserved_mib"]) - int(g["memory"]["used_mib"]))),
     "utilization.gpu": _q("utilization", "%", lambda ctx, g: str(g["utilization"]["gpu"])),
     "utilization.memory": _q("utilization", "%", lambda ctx, g: str(g["utilization"]["memory"])),
     "pcie.link.gen.current": _q("pcie", "", lambda ctx, g: str(g["pcie"]["gen_current"])),
@@ -552,8 +554,8 @@ def list_gpus(ctx: Context, gpus: List[Dict[str, Any]]) -> str:
         for index, mig in enumerate(D.mig_devices(gpu)):
             from .nvmlfake import _mig_uuid
 
-            out.append("  MIG %-13s Device %2d: (UUID: %s)" % (mig["profile"]["name"], index,
-                                                                  _mig_uuid(gpu, mig["gi_id"], mig["ci_id"])))
+            uuid = _mig_uuid(gpu, mig["gi_id"], mig["ci_id"])
+            out.append("  MIG %-13s Device %2d: (UUID: %s)" % (mig["profile"]["name"], index, uuid))
     return "\n".join(out) + ("\n" if out else "")
 
 
@@ -567,8 +569,8 @@ def summary_table(ctx: Context, gpus: List[Dict[str, Any]]) -> str:
     top = "+" + "-" * 89 + "+"
     sep = "+" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+"
     out = [time.strftime("%a %b %e %H:%M:%S %Y"), top,
-           row("NVIDIA-SMI %-22s Driver Version: %-14s CUDA Version: %s" % (ctx.version, ctx.version,
-                                                                              "%d.%d" % (major, minor))),
+           row("NVIDIA-SMI %-22s Driver Version: %-14s CUDA Version: %s"
+               % (ctx.version, ctx.version, "%d.%d" % (major, minor))),
            "|" + "-" * 41 + "+" + "-" * 24 + "+" + "-" * 22 + "+",
            "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
            "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
