@@ -20,11 +20,11 @@ def test_identity_and_structures_come_from_the_real_package(make_node, nvml):
     handle = nvml.nvmlDeviceGetHandleByIndex(3)
     assert nvml.nvmlDeviceGetName(handle) == "NVIDIA H100 80GB HBM3"
     pci = nvml.nvmlDeviceGetPciInfo(handle)
-    assert type(pci) is real_pynvml.nvmlPciInfo_t
+    assert pci.__class__ is real_pynvml.nvmlPciInfo_t
     assert pci.busId == "00000000:5D:00.0"
     assert pci.pciDeviceId == 0x233010DE
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-    assert type(memory) is real_pynvml.c_nvmlMemory_t
+    assert memory.__class__ is real_pynvml.c_nvmlMemory_t
     assert memory.total == 81559 * 1024 * 1024
     assert nvml.nvmlDeviceGetArchitecture(handle) == real_pynvml.NVML_DEVICE_ARCH_HOPPER
     assert nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle) == [200000, 700000]

@@ -82,7 +82,7 @@ def test_mig_on_reports_devices_and_na_like_the_real_tool(make_node, nvml):
     node.smi("-i", "0", "-r")
     nvml.nvmlInit()
     handle = nvml.nvmlDeviceGetHandleByIndex(0)
-    for _ in range(3):
+    for _instance in range(3):
         gi = nvml.nvmlDeviceCreateGpuInstance(handle, 14)  # MIG 2g.10gb
         nvml.nvmlGpuInstanceCreateComputeInstance(gi, 1)
     _out, doc = _xml(node, "-i", "0")

@@ -59,10 +59,10 @@ def test_concurrent_updates_are_not_lost(tmp_path):
     save_state(path, {"counter": 0})
 
     def bump():
-        for _ in range(25):
+        for _bump in range(25):
             update_state(path, lambda s: s.__setitem__("counter", s["counter"] + 1))
 
-    threads = [threading.Thread(target=bump) for _ in range(6)]
+    threads = [threading.Thread(target=bump) for _worker in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -106,7 +106,16 @@ def test_install_into_rootfs_and_the_drop_in_as_pynvml(tmp_path):
         "/usr/lib/systemd/system/simgpu-boot.service"
     assert os.access(os.path.join(rootfs, "usr/lib/simgpu/bin/simgpu"), os.X_OK)
     assert os.access(os.path.join(rootfs, "usr/local/bin/dmesg"), os.X_OK)
+    # The entry point gets the node's interpreter line at install time (the source has none).
+    with open(os.path.join(rootfs, "usr/lib/simgpu/bin/simgpu"), encoding="utf-8") as handle:
+        installed = handle.read()
+    with open(os.path.join(nodefiles.NODE_DIR, "usr/lib/simgpu/bin/simgpu"), encoding="utf-8") as handle:
+        source = handle.read()
+    assert not source.startswith("#!")
+    assert installed == "#!/usr/bin/python3\n" + source
     assert nodefiles.install_into_rootfs(rootfs) == written
+    with open(os.path.join(rootfs, "usr/lib/simgpu/bin/simgpu"), encoding="utf-8") as handle:
+        assert handle.read() == installed
     assert nodefiles.node_files_digest() == nodefiles.node_files_digest()
 
     node_root = str(tmp_path / "node")
@@ -121,6 +130,6 @@ def test_install_into_rootfs_and_the_drop_in_as_pynvml(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
     assert out.splitlines() == ["pynvml pynvml nvidia_ml_py_pynvml.py", "595.91.07 8"]
     smi = subprocess.run([sys.executable, os.path.join(rootfs, "usr/lib/simgpu/bin/simgpu"), "nvidia-smi", "-L"],
-                         env=env, capture_output=True, text=True)
+                         env=env, capture_output=True, text=True, check=False)
     assert smi.returncode == 0
     assert smi.stdout.splitlines()[0].startswith("GPU 0: NVIDIA B200 (UUID: GPU-")

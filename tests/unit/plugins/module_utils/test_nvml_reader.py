@@ -19,7 +19,7 @@ SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", 
 if SIMFLEET not in sys.path:
     sys.path.insert(0, SIMFLEET)
 
-from simfleet.gpu import load_pynvml as load_sim_pynvml, simgpu  # noqa: E402  pylint: disable=wrong-import-position
+from simfleet.gpu import load_pynvml as load_sim_pynvml  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu.faults import apply_fault  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu.state import (  # noqa: E402  pylint: disable=wrong-import-position
     boot_node_root,

@@ -99,20 +99,30 @@ from simgpu import nvmlfake as _sim_nvmlfake  # noqa: E402
 _SIM_LIB = _sim_nvmlfake.FakeNvmlLib()
 
 
+def _real(name):
+    """A name the real pynvml defined in this module's namespace, looked up at call time.
+
+    The real module's code was executed into ``globals()`` above, so its loader lock, return
+    code check, error codes and function pointer cache live here under their own names.
+    """
+    return globals()[name]
+
+
 def _LoadNvmlLibrary():
     """Bind the simulated library to ``$SIMGPU_ROOT``; LibraryNotFound without libnvidia-ml.so.1."""
     global nvmlLib
     root = _simgpu.root_dir(None)
-    libLoadLock.acquire()
+    lib_load_lock = _real("libLoadLock")
+    lib_load_lock.acquire()
     try:
         if _sim_driver.userspace_version(root) is None:
-            _nvmlCheckReturn(NVML_ERROR_LIBRARY_NOT_FOUND)
+            _real("_nvmlCheckReturn")(_real("NVML_ERROR_LIBRARY_NOT_FOUND"))
         _SIM_LIB.bind(root)
         if nvmlLib is not _SIM_LIB:
-            _nvmlGetFunctionPointer_cache.clear()
+            _real("_nvmlGetFunctionPointer_cache").clear()
             nvmlLib = _SIM_LIB
     finally:
-        libLoadLock.release()
+        lib_load_lock.release()
 
 
 def simgpu_root():
