@@ -5,7 +5,9 @@
 
 :func:`install_into_rootfs` puts into a (debootstrap'd) root filesystem:
 
-- ``/usr/lib/simgpu/`` - the ``simgpu`` library and its ``bin/simgpu`` entry point;
+- ``/usr/lib/simgpu/`` - the ``simgpu`` library and its ``bin/simgpu`` entry point (the
+  source carries no interpreter line; the node's ``#!/usr/bin/python3`` is written at install
+  time and the file made executable, see :data:`NODE_SCRIPTS`);
 - ``/usr/lib/simgpu/pynvml-dropin/pynvml.py`` (the drop-in) next to
   ``nvidia_ml_py_pynvml.py`` (the real nvidia-ml-py ``pynvml.py`` of the control host, copied
   at install time, never kept in this repository), and the link
@@ -35,6 +37,9 @@ REAL_PYNVML_NAME = "nvidia_ml_py_pynvml.py"
 DROPIN_RELPATH = "usr/lib/simgpu/pynvml-dropin/pynvml.py"
 DEFAULT_PYTHON = "python3.11"
 UNIT_NAME = "simgpu-boot.service"
+#: Node files that are commands: relative path -> interpreter line written before the source.
+#: The node's Python is /usr/bin/python3 (Debian 12 has no ``python``).
+NODE_SCRIPTS = {"usr/lib/simgpu/bin/simgpu": "#!/usr/bin/python3\n"}
 
 
 def real_pynvml_path() -> str:
@@ -94,8 +99,16 @@ def install_into_rootfs(rootfs: str, real_pynvml: Optional[str] = None) -> List[
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         if os.path.lexists(dst):
             os.unlink(dst)
-        shutil.copy2(src, dst)
-        os.chmod(dst, 0o755 if os.access(src, os.X_OK) else 0o644)
+        if rel in NODE_SCRIPTS:
+            with open(src, "rb") as handle:
+                body = handle.read()
+            with open(dst, "wb") as handle:
+                handle.write(NODE_SCRIPTS[rel].encode("ascii") + body)
+            shutil.copystat(src, dst)
+            os.chmod(dst, 0o755)
+        else:
+            shutil.copy2(src, dst)
+            os.chmod(dst, 0o755 if os.access(src, os.X_OK) else 0o644)
         written.append("/" + rel)
     real_dst = os.path.join(rootfs, os.path.dirname(DROPIN_RELPATH), REAL_PYNVML_NAME)
     shutil.copyfile(source_pynvml, real_dst)
