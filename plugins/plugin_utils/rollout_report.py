@@ -199,7 +199,8 @@ Status: **{{ r.status }}**{{ (' (stopped by ' ~ (r.stopped_by | map(attribute='n
 | stage | nodes | upgraded | skipped | rolled back | flagged | refused | not started |
 |---|---:|---:|---:|---:|---:|---:|---:|
 {% for st in r.stages %}
-| {{ st.name }} | {{ st.hosts | length }} | {{ st.counts.upgraded }} | {{ st.counts.skipped }} | {{ st.counts.rolled_back }} | {{ st.counts.flagged }} | {{ st.counts.refused }} | {{ st.counts.not_started }} |
+| {{ st.name }} | {{ st.hosts | length }} | {{ st.counts.upgraded }} | {{ st.counts.skipped }} | {{ st.counts.rolled_back }} | \
+{{ st.counts.flagged }} | {{ st.counts.refused }} | {{ st.counts.not_started }} |
 {% endfor %}
 
 | node | stage | result | before | after | target | time | reason |
@@ -232,8 +233,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         rollback = node.get("rollback") or {}
         reason = node.get("reason") or ""
         if rollback.get("version"):
-            reason += " → rolled back to %s (%s)" % (rollback["version"], "verified" if rollback.get("ok")
-                                                       else "not verified")
+            verified = "verified" if rollback.get("ok") else "not verified"
+            reason += " → rolled back to %s (%s)" % (rollback["version"], verified)
         safe_nodes.append({
             "node": node.get("node"),
             "stage": node.get("stage") or "-",
@@ -290,8 +291,8 @@ def write_plan(directory: str, plan: Mapping[str, Any]) -> str:
         data = dict(plan)
         if old and old.get("rollout_id") == plan.get("rollout_id") and old.get("started_at"):
             data["started_at"] = old["started_at"]
-            data["runs"] = list(old.get("runs") or []) + [r for r in plan.get("runs") or []
-                                                           if r not in (old.get("runs") or [])]
+            old_runs = list(old.get("runs") or [])
+            data["runs"] = old_runs + [r for r in plan.get("runs") or [] if r not in old_runs]
         write_atomic(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
     return path
 
