@@ -15,7 +15,9 @@ Environment:
 * ``SIMFLEET_TEST_NODES``: number of nodes (default: one per layout item);
 * ``SIMFLEET_TEST_NAME``: fleet name (default ``pytest-<pid>``, so concurrent sessions never share a
   fleet; fleets of finished sessions that were not taken down are removed at the next start);
-  ``SIMFLEET_TEST_PORTS``: port range;
+* ``SIMFLEET_TEST_PORTS``: port range (``FIRST-LAST``); without it the fleet takes a range of the
+  size of ``$SIMFLEET_PORTS`` (default 22200-22999) that no other fleet on the machine uses or has
+  claimed, that range or one of the ranges after it (``simfleet.testing.choose_port_range``);
 * ``SIMFLEET_TEST_KEEP=1``: leave the fleet up after the session (to look at it with ``simfleet``).
 
 The fleet needs root and the host packages that ``simfleet`` lists; without root the fleet tests

@@ -2,13 +2,16 @@
 
 These tests take nodes down and kill processes, so they run on a small fleet of their own (two
 nodes, about two seconds to boot from the cached base) instead of the shared ``simfleet`` one.
-The last test takes that fleet down and checks that nothing is left behind.
+That fleet is brought up while something else listens on the default range's first port (the
+port a fleet of the default range gives its apt repository), as another fleet on the machine
+would. The last test takes that fleet down and checks that nothing is left behind.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 
 import pytest
@@ -29,7 +32,21 @@ def own_fleet():
     reason = fleet_unavailable()
     if reason:
         pytest.skip(reason)
-    fleet = make_fleet(session_fleet_name("pytest-lifecycle"), 2, "l40s,v100", os.environ.get("SIMFLEET_TEST_PORTS"))
+    from simfleet import DEFAULT_PORT_RANGE  # pylint: disable=import-outside-toplevel
+    from simfleet.proc import parse_port_range  # pylint: disable=import-outside-toplevel
+
+    busy = parse_port_range(os.environ.get("SIMFLEET_PORTS") or DEFAULT_PORT_RANGE)[0]
+    blocker = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        blocker.bind(("127.0.0.1", busy))
+        blocker.listen(1)
+    except OSError:
+        pass  # something already listens there: the port is busy all the same
+    try:
+        fleet = make_fleet(session_fleet_name("pytest-lifecycle"), 2, "l40s,v100", os.environ.get("SIMFLEET_TEST_PORTS"))
+    finally:
+        blocker.close()
+    fleet.busy_port = busy
     yield fleet
     if os.path.isdir(fleet.dir):
         fleet.down(purge=True)
@@ -58,6 +75,21 @@ def test_up_twice_keeps_running_nodes(own_fleet):
     # Asking for fewer nodes than the fleet has removes none.
     own_fleet.up(count=1)
     assert _snapshot(own_fleet) == before
+
+
+def test_a_busy_default_repository_port_moves_the_fleet_to_a_free_range(own_fleet):
+    if os.environ.get("SIMFLEET_TEST_PORTS"):
+        pytest.skip("SIMFLEET_TEST_PORTS gives the range")
+    from simfleet.proc import parse_port_range  # pylint: disable=import-outside-toplevel
+
+    st = own_fleet.status()
+    lo, hi = parse_port_range(st["port_range"])
+    ports = [st["repo"]["port"]] + [n["port"] for n in st["nodes"]]
+    assert own_fleet.busy_port not in ports
+    assert not lo <= own_fleet.busy_port <= hi
+    # The fleet took the first ports of the range it chose: repository, then one per node.
+    assert ports == [lo, lo + 1, lo + 2]
+    assert st["repo"]["state"] == "running"
 
 
 def test_crashed_nspawn_is_restarted_by_its_supervisor(own_fleet):

@@ -10,7 +10,7 @@ import pytest
 
 sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "simfleet"))
 
-from simfleet import base, inventory  # noqa: E402
+from simfleet import DEFAULT_PORT_RANGE, base, inventory, testing  # noqa: E402
 from simfleet.fleet import parse_layout  # noqa: E402
 from simfleet.proc import SimfleetError, _unescape, mounts_under, parse_port_range, port_free  # noqa: E402
 
@@ -105,3 +105,74 @@ def test_a_listening_port_is_not_free():
     finally:
         s.close()
     assert port_free(port) is True
+
+
+@pytest.fixture
+def port_claims(tmp_path, monkeypatch):
+    """Range choice against an empty cache and a claim directory of the test's own."""
+    monkeypatch.setenv("SIMFLEET_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SIMFLEET_PORT_CLAIMS", str(tmp_path / "claims"))
+    monkeypatch.delenv("SIMFLEET_PORTS", raising=False)
+    names = []
+    yield names
+    for name in names:
+        testing.release_port_range(name)
+
+
+def _listen(port):
+    """A socket listening on 127.0.0.1:port, or None when something else already listens there."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        assert port_free(port) is False
+        return None
+    s.listen(1)
+    return s
+
+
+def test_a_test_fleet_skips_the_default_range_while_its_repository_port_is_busy(port_claims):
+    default_lo, default_hi = parse_port_range(DEFAULT_PORT_RANGE)
+    blocker = _listen(default_lo)  # the port the default range gives the apt repository
+    try:
+        port_claims.append("t-busy")
+        chosen = testing.choose_port_range(5, fleet="t-busy")
+    finally:
+        if blocker:
+            blocker.close()
+    lo, hi = parse_port_range(chosen)
+    size = default_hi - default_lo + 1
+    assert hi - lo + 1 == size
+    assert lo >= default_lo + size and (lo - default_lo) % size == 0
+    assert all(port_free(p) for p in range(lo, lo + 5))
+    with open(os.path.join(os.environ["SIMFLEET_PORT_CLAIMS"], chosen + ".lock"), encoding="utf-8") as f:
+        assert f.read() == "%d t-busy\n" % os.getpid()
+
+
+def test_sessions_choosing_at_once_get_different_ranges(port_claims):
+    port_claims.extend(["t-a", "t-b", "t-c"])
+    first = testing.choose_port_range(3, "41000-41009", fleet="t-a")
+    # t-a holds its claim (an flock on the range's file; another open file of it, as another
+    # session's, cannot take it), so t-b gets a later range although nothing listens yet.
+    second = testing.choose_port_range(3, "41000-41009", fleet="t-b")
+    assert first != second
+    assert parse_port_range(second)[0] > parse_port_range(first)[0]
+    testing.release_port_range("t-a")
+    assert testing.choose_port_range(3, "41000-41009", fleet="t-c") == first
+
+
+def test_a_range_with_a_port_recorded_by_another_fleet_is_skipped(port_claims, tmp_path):
+    other = tmp_path / "cache" / "fleets" / "other"
+    other.mkdir(parents=True)
+    # A fleet whose nodes are down still owns its ports: nothing listens, yet the range is taken.
+    (other / "fleet.json").write_text('{"repo_port": 41100, "nodes": [{"name": "node01", "port": 41105}]}')
+    port_claims.append("t-rec")
+    chosen = testing.choose_port_range(3, "41100-41109", fleet="t-rec")
+    assert parse_port_range(chosen)[0] >= 41110
+
+
+def test_ports_needed_counts_the_repository_and_each_node():
+    assert testing.ports_needed(None, "h100,a100,l40s,v100") == 5
+    assert testing.ports_needed(2, "l40s,v100") == 3
+    assert testing.ports_needed(None, "h100:2,b200:1") == 4

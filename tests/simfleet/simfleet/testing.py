@@ -3,18 +3,27 @@
 ``make_fleet`` brings a fresh fleet up; ``SimFleet`` is the handle tests get (SSH, faults,
 reboots, Ansible runs against the fleet's inventory); ``ansible_env`` is the environment for
 ansible / ansible-playbook runs.
+
+Several test sessions (and fleets started by hand) may run on one machine at once. A test fleet
+given no port range picks one of its own with ``choose_port_range``: a range that no other fleet
+records, listens on or has claimed, claimed for this process (an ``flock`` on a file in
+``port_claim_dir()``, released when the process ends), so two sessions never race for a port.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
+import glob
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from typing import Any, Sequence
 
-from simfleet import REPO_ROOT
+from simfleet import DEFAULT_PORT_RANGE, REPO_ROOT, cache_dir
 
 DEFAULT_TEST_LAYOUT = "h100,a100,l40s,v100"
 
@@ -166,13 +175,138 @@ def purge_stale_test_fleets() -> list[str]:
     return removed
 
 
+# ----- ports of test fleets
+
+# fleet name -> open file descriptor of the claim file this process holds for the fleet's range
+_PORT_CLAIMS: dict[str, int] = {}
+
+
+def port_claim_dir() -> str:
+    """Machine-wide directory of port range claims: ``$SIMFLEET_PORT_CLAIMS``, else
+    ``/run/lock/simfleet-ports``, else ``simfleet-ports`` in the temporary directory.
+
+    It must not depend on the repository or the cache: sessions of different checkouts share
+    the machine's ports.
+    """
+    if os.environ.get("SIMFLEET_PORT_CLAIMS"):
+        return os.environ["SIMFLEET_PORT_CLAIMS"]
+    if os.path.isdir("/run/lock") and os.access("/run/lock", os.W_OK):
+        return "/run/lock/simfleet-ports"
+    return os.path.join(tempfile.gettempdir(), "simfleet-ports")
+
+
+def recorded_ports(cache: str | None = None, exclude: str | None = None) -> set[int]:
+    """Ports (repository and nodes) that the fleets recorded in the cache use, except fleet ``exclude``."""
+    used: set[int] = set()
+    for path in glob.glob(os.path.join(cache or cache_dir(), "fleets", "*", "fleet.json")):
+        if exclude and os.path.basename(os.path.dirname(path)) == exclude:
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                rec = json.load(f)
+            if rec.get("repo_port"):
+                used.add(int(rec["repo_port"]))
+            used.update(int(n["port"]) for n in rec.get("nodes") or [])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+    return used
+
+
+def _claim(lo: int, hi: int, holder: str, claim_dir: str) -> int | None:
+    """Take the claim on ports ``lo``-``hi`` (non-blocking ``flock``); its fd, or None when held elsewhere."""
+    os.makedirs(claim_dir, exist_ok=True)
+    fd = os.open(os.path.join(claim_dir, "%d-%d.lock" % (lo, hi)), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return None
+        raise
+    os.ftruncate(fd, 0)
+    os.write(fd, ("%d %s\n" % (os.getpid(), holder)).encode("utf-8"))
+    return fd
+
+
+def release_port_range(fleet: str) -> None:
+    """Give up the port range claimed for ``fleet`` by this process (nothing when none is held)."""
+    fd = _PORT_CLAIMS.pop(fleet, None)
+    if fd is not None:
+        os.close(fd)
+
+
+def choose_port_range(needed: int, configured: str | None = None, fleet: str | None = None,
+                      cache: str | None = None, claim_dir: str | None = None) -> str:
+    """A port range (``"FIRST-LAST"``) for a new fleet that needs ``needed`` ports, claimed for ``fleet``.
+
+    Candidates are ``configured`` (default ``$SIMFLEET_PORTS`` or ``DEFAULT_PORT_RANGE``) and
+    then the ranges of the same size that follow it, up to port 65535. A candidate is taken
+    when this process can claim it (an exclusive ``flock`` on ``<claim_dir>/FIRST-LAST.lock``,
+    held until ``release_port_range(fleet)`` or the end of the process, so that sessions
+    choosing at the same time never pick the same range), when no fleet recorded in the cache
+    (``fleet.json``, other than ``fleet`` itself) has a port in it, when no socket listens on
+    any of its ports (``/proc/net/tcp``, ``/proc/net/tcp6``) and when each of the ``needed``
+    ports the fleet takes (the first ones of the range: the repository and one per node) can
+    be bound on 127.0.0.1. Raises SimfleetError when no range is left.
+    """
+    from simfleet.proc import (  # pylint: disable=import-outside-toplevel
+        SimfleetError,
+        listening_ports,
+        parse_port_range,
+        port_free,
+    )
+
+    text = configured or os.environ.get("SIMFLEET_PORTS") or DEFAULT_PORT_RANGE
+    first, last = parse_port_range(text)
+    size = last - first + 1
+    if needed > size:
+        raise SimfleetError("port range %s has %d ports; the fleet needs %d" % (text, size, needed))
+    claim_dir = claim_dir or port_claim_dir()
+    holder = fleet or "pid-%d" % os.getpid()
+    if fleet:
+        release_port_range(fleet)
+    recorded = recorded_ports(cache, exclude=fleet)
+    for lo in range(first, 65536 - size + 1, size):
+        hi = lo + size - 1
+        fd = _claim(lo, hi, holder, claim_dir)
+        if fd is None:
+            continue
+        ports = range(lo, hi + 1)
+        busy = recorded | listening_ports()
+        if any(p in busy for p in ports) or not all(port_free(p) for p in range(lo, lo + needed)):
+            os.close(fd)
+            continue
+        # Without a fleet name the claim is held for the life of the process.
+        _PORT_CLAIMS[fleet or "range-%d-%d" % (lo, hi)] = fd
+        return "%d-%d" % (lo, hi)
+    raise SimfleetError("no free range of %d ports from %d up (other fleets use them); "
+                        "give one with SIMFLEET_TEST_PORTS" % (size, first))
+
+
+def ports_needed(count: int | None, layout: str | None) -> int:
+    """Ports a new fleet of ``count`` nodes (None: one per ``layout`` item) takes: one per node and the repository's."""
+    from simfleet.fleet import DEFAULT_COUNT, parse_layout  # pylint: disable=import-outside-toplevel
+    from simfleet.gpu.profiles import PROFILES  # pylint: disable=import-outside-toplevel
+
+    if count is None:
+        count = len(parse_layout(layout, None, PROFILES)) if layout else DEFAULT_COUNT
+    return count + 1
+
+
 def make_fleet(name: str, count: int | None, layout: str, ports: str | None = None):
-    """Bring a fresh fleet up (an old one of that name is purged first); return the Fleet object."""
+    """Bring a fresh fleet up (an old one of that name is purged first); return the Fleet object.
+
+    ``ports`` (``"FIRST-LAST"``) is used as given; without it the fleet gets a range that no
+    other fleet on this machine uses (``choose_port_range``), so a test never fails because
+    another fleet is up.
+    """
     from simfleet.fleet import Fleet  # pylint: disable=import-outside-toplevel
 
     purge_stale_test_fleets()
     fleet = Fleet(name)
     if os.path.isdir(fleet.dir):
         fleet.down(purge=True)
+    if not ports:
+        ports = choose_port_range(ports_needed(count, layout), fleet=name, cache=fleet.cache)
     fleet.up(count=count, layout=layout, ports=ports)
     return fleet
