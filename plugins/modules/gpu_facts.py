@@ -196,7 +196,8 @@ def _read_text_file(path):
 
 def _run(module, argv, env=None):
     """Run a command (argv list, no shell); return (rc, stdout, stderr) or None when absent."""
-    path = module.get_bin_path(argv[0], opt_dirs=["/usr/sbin", "/sbin", "/usr/bin", "/bin"])
+    # PATH order first (as the operator's shell would find it), then the sbin directories.
+    path = module.get_bin_path(argv[0])
     if path is None:
         return None
     return module.run_command([path] + argv[1:], environ_update=env or {}, check_rc=False)
