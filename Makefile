@@ -70,7 +70,7 @@ molecule: deps
 	done
 
 demo: deps
-	$(PY) tests/demo.py
+	$(PY) tools/demo.py
 
 clean:
 	-tests/simfleet/bin/simfleet down --purge 2>/dev/null

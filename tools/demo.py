@@ -1,0 +1,129 @@
+"""The main job on the simulated fleet: a canary driver rollout that meets a failing node.
+
+1. Bring up 8 simulated nodes (H100, A100, L40S and one V100), fresh.
+2. Install the baseline driver on every node: R580 (LTSB) at one exact version, pinned, rebooted
+   into, marked known-good, with the class's GPU policy in effect.
+3. Make one wave node (node06) lose a GPU at its next boot.
+4. Roll out ``driver_branch: ltsb`` golden (node01) → canary (node02, node04) → waves: R620 where
+   the GPUs allow it, R580 on the V100 (the last branch for Volta), as the report says. node06
+   fails verification after its reboot, goes back to its last known-good driver, stays drained
+   and flagged, and the rollout stops: the wave nodes after it are not touched.
+5. Print the rollout report and the drift report.
+
+Exits 0 when all of that happened as described, 1 otherwise. Run by ``make demo`` (root,
+Debian 12); the fleet stays up afterwards (``tests/simfleet/bin/simfleet --name demo down``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIMFLEET = [os.path.join(REPO, "tests", "simfleet", "bin", "simfleet"), "--name", "demo"]
+BIN = os.path.dirname(sys.executable)
+LAYOUT = "h100,a100,l40s,v100,h100,a100,l40s,h100"
+BASELINE = "580.126.20"
+FAILING_NODE = "node06"
+ROLLOUT_ID = "demo-ltsb"
+REPORTS = os.path.join(REPO, ".build", "demo-reports")
+
+
+def say(text: str) -> None:
+    print("\n== %s" % text, flush=True)
+
+
+def run(argv, check=True, **kwargs) -> subprocess.CompletedProcess:
+    print("$ %s" % " ".join(argv), flush=True)
+    return subprocess.run(argv, check=check, **kwargs)
+
+
+def playbook(inventory: str, path: str, *args: str, check: bool = True) -> int:
+    argv = [os.path.join(BIN, "ansible-playbook"), "-i", inventory, "-i",
+            os.path.join(REPO, "inventories", "simfleet"), path] + list(args)
+    return run(argv, check=check).returncode
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        print("the simulated fleet needs root", file=sys.stderr)
+        return 1
+    started = time.time()
+
+    say("Bring up the simulated fleet (8 nodes)")
+    run(SIMFLEET + ["up", "8", "--layout", LAYOUT])
+    run(SIMFLEET + ["reset"])
+    shutil.rmtree(REPORTS, ignore_errors=True)
+    inventory = run(SIMFLEET + ["inventory", "--path"], capture_output=True, text=True).stdout.strip()
+
+    say("Install the baseline driver %s (R580 LTSB) everywhere" % BASELINE)
+    playbook(inventory, os.path.join(REPO, "tools", "demo", "baseline.yml"), "-e", "demo_baseline_version=%s" % BASELINE)
+
+    say("Make %s lose GPU 3 at its next boot" % FAILING_NODE)
+    run(SIMFLEET + ["fault", FAILING_NODE, "gpu_lost", "gpu=3"])
+
+    say("Roll out driver_branch=ltsb: golden -> canary -> waves")
+    rollout_dir = os.path.join(REPORTS, "rollout")
+    rc = playbook(inventory, os.path.join(REPO, "playbooks", "rollout.yml"),
+                  "-e", "driver_branch=ltsb", "-e", "rollout_id=%s" % ROLLOUT_ID,
+                  "-e", "rollout_report_dir=%s" % rollout_dir,
+                  "-e", "rollout_soak_s=5", "-e", "rollout_wave_soak_s=2", check=False)
+    print("rollout playbook exit code: %d (a stopped rollout fails the play)" % rc)
+
+    say("Rollout report")
+    report_md = os.path.join(rollout_dir, "rollout-report.md")
+    report_json = os.path.join(rollout_dir, "rollout-report.json")
+    with open(report_md) as handle:
+        print(handle.read())
+
+    say("Drift report")
+    playbook(inventory, os.path.join(REPO, "playbooks", "drift_report.yml"),
+             "-e", "drift_report_only=true", "-e", "drift_output_dir=%s" % os.path.join(REPORTS, "drift"))
+
+    with open(report_json) as handle:
+        report = json.load(handle)
+    problems = check_story(report, rc)
+    say("Done in %.0f s" % (time.time() - started))
+    if problems:
+        print("The demo did not go as described:\n- " + "\n- ".join(problems))
+        return 1
+    print("As described: %s rolled back to %s and flagged, the rollout stopped before the nodes after it, "
+          "the V100 stayed on R580 (the last branch for Volta)." % (FAILING_NODE, BASELINE))
+    print("Reports: %s\nTake the fleet down with: %s down" % (REPORTS, " ".join(SIMFLEET)))
+    return 0
+
+
+def check_story(report: dict, rc: int) -> list:
+    """Compare the rollout report with the story the demo tells; return what differs."""
+    nodes = dict((entry["node"], entry) for entry in report.get("nodes", []))
+    problems = []
+    if rc == 0:
+        problems.append("the rollout playbook succeeded although %s lost a GPU" % FAILING_NODE)
+    if report.get("status") != "stopped" or [s["node"] for s in report.get("stopped_by", [])] != [FAILING_NODE]:
+        problems.append("the rollout was not stopped by %s: %r, %r"
+                        % (FAILING_NODE, report.get("status"), report.get("stopped_by")))
+    failing = nodes.get(FAILING_NODE, {})
+    if failing.get("result") not in ("rolled_back", "flagged") or \
+            (failing.get("after") or {}).get("loaded") != BASELINE:
+        problems.append("%s did not end on %s, rolled back: %r" % (FAILING_NODE, BASELINE, failing))
+    not_started = sorted(n for n, e in nodes.items() if e.get("result") == "not_started")
+    if not not_started:
+        problems.append("no node was left untouched after the failing one")
+    v100 = nodes.get("node04", {})
+    if not str((v100.get("after") or {}).get("loaded") or "").startswith("580."):
+        problems.append("the V100 node04 is not on R580 after the rollout: %r" % v100)
+    upgraded = [n for n, e in nodes.items() if e.get("result") == "upgraded"]
+    for node in upgraded:
+        if node != "node04" and not str((nodes[node].get("after") or {}).get("loaded") or "").startswith("620."):
+            problems.append("%s was upgraded but is not on R620: %r" % (node, nodes[node]))
+    if "node01" not in upgraded:
+        problems.append("the golden node01 was not upgraded: %r" % nodes.get("node01"))
+    return problems
+
+
+if __name__ == "__main__":
+    sys.exit(main())
