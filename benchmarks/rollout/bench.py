@@ -162,7 +162,7 @@ def real_rollout(nodes, ports, workdir):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--nodes", type=int, default=16)
     parser.add_argument("--ports", default="24500-24599")
     parser.add_argument("--out", default=os.path.join(HERE, "results.json"))

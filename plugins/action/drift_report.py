@@ -92,26 +92,27 @@ class ActionModule(ActionBase):
         if hosts is None:
             hosts = [h for h in groups.get("all", []) if h not in ("localhost",)]
         classes = host_classes(groups, hosts, args["class_prefix"])
-        facts, ages, source, errors = self._collect(args, hosts, task_vars)
+        facts_of, source, errors = self._collect(args, hosts, task_vars)
         hostvars = task_vars.get("hostvars") or {}
         overrides = dict((klass, drift.declared_state(variables))
                          for klass, variables in (args["declared"] or {}).items())
         per_class = {}
-        nodes = []
-        for host in hosts:
-            klass = classes[host]
-            if klass in overrides:
-                declared = overrides[klass]
-            elif args["declared_from"] == "class" and klass in per_class:
-                declared = per_class[klass]
-            else:
-                declared = drift.declared_state(_declared_vars(hostvars, host)) if host in hostvars else {}
-                per_class.setdefault(klass, declared)
-            nodes.append({"node": host, "class": klass, "facts": facts.get(host), "declared": declared,
-                          "facts_age_s": ages.get(host)})
+
+        def nodes():
+            for host in hosts:
+                klass = classes[host]
+                if klass in overrides:
+                    declared = overrides[klass]
+                elif args["declared_from"] == "class" and klass in per_class:
+                    declared = per_class[klass]
+                else:
+                    declared = drift.declared_state(_declared_vars(hostvars, host)) if host in hostvars else {}
+                    per_class.setdefault(klass, declared)
+                facts, age = facts_of(host)
+                yield {"node": host, "class": klass, "facts": facts, "declared": declared, "facts_age_s": age}
         generated = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         engine = drift.DriftEngine(max_age_s=args["max_age_s"])
-        report = drift.build_report(nodes, engine, generated_at=generated, source=source)
+        report = drift.build_report(nodes(), engine, generated_at=generated, source=source)
         report["source_errors"] = errors
         code = drift.exit_code(report, args["report_only"], args["fail_on"])
         paths = self._write(args, report, started)
@@ -137,33 +138,36 @@ class ActionModule(ActionBase):
         return result
 
     def _collect(self, args, hosts, task_vars):
-        facts, ages, errors = {}, {}, {}
+        """``(facts_of(host) -> (facts, age), source label, errors dict)``; files are read lazily."""
+        errors = {}
         if args["source"] == "live":
             hostvars = task_vars.get("hostvars") or {}
-            for host in hosts:
+
+            def live(host):
                 if host not in hostvars:
-                    continue
-                host_facts = hostvars[host].get("ansible_facts") or {}
-                document = fact_sources.nvidia_from_host_facts(_plain(host_facts))
-                if document is not None:
-                    facts[host] = document
-            return facts, ages, "live", errors
+                    return None, None
+                return fact_sources.nvidia_from_host_facts(_plain(hostvars[host].get("ansible_facts") or {})), None
+            return live, "live", errors
         if not args["path"]:
             raise AnsibleActionFail("drift_report: source=%s needs path" % args["source"])
         try:
-            if args["source"] == "dir":
-                found = fact_sources.read_fact_dir(args["path"], hosts)
-            else:
-                found = fact_sources.read_jsonfile_cache(args["path"], args["prefix"], hosts)
+            files = fact_sources.locate_fact_files(args["path"], args["source"], args["prefix"], hosts)
         except fact_sources.FactSourceError as err:
             raise AnsibleActionFail("drift_report: %s" % err)
-        for host, entry in found.items():
-            if entry["facts"] is not None:
-                facts[host] = entry["facts"]
-                ages[host] = entry["age_s"]
+        now = time.time()
+
+        def from_file(host):
+            if host not in files:
+                return None, None
+            try:
+                entry = fact_sources.load_fact_file(files[host], now)
+            except fact_sources.FactSourceError as err:
+                errors[host] = str(err)
+                return None, None
             if entry["error"]:
                 errors[host] = "%s: %s" % (entry["path"], entry["error"])
-        return facts, ages, "%s:%s" % (args["source"], args["path"]), errors
+            return entry["facts"], entry["age_s"]
+        return from_file, "%s:%s" % (args["source"], args["path"]), errors
 
     def _write(self, args, report, started):
         paths = {}

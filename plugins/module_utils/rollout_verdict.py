@@ -36,6 +36,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state impor
 #: Stable codes of the verdicts' ``flags`` (a verdict's ``flags`` list uses only these).
 FLAGS = {
     "facts_missing": "no facts could be read from the node",
+    "transaction_failed": "a step of the transaction failed (drain, install, reboot, policy)",
     "driver_state": "driver.state is not ok",
     "version_not_loaded": "the target version is not what is loaded, installed and on disk",
     "gpu_count_changed": "the number of GPUs differs from the snapshot",

@@ -14,7 +14,7 @@ version_added: "0.1.0"
 description:
   - Runs on the controller (an action plugin; no module runs on a node). Reads each node's
     C(ansible_facts.nvidia) from the live run, a directory of C(<host>.json) files or Ansible's
-    C(jsonfile) fact cache (ansible-core 2.19's C({"__payload__": ...}) files named
+    C(jsonfile) fact cache (the payload-wrapped files of ansible-core 2.19 named
     C(<prefix>s1_<host>), older plain JSON files and AWX's C(fact_cache) directory).
   - Compares them with the declared state of the node's GPU class, taken from the variables the
     C(driver) and C(gpu_policy) roles read (C(driver_branch), C(driver_version),

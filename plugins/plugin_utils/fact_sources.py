@@ -96,29 +96,77 @@ def _check_dir(path: str) -> None:
         raise FactSourceError("fact source %s is not a directory" % path)
 
 
+def locate_fact_files(path: str, source: str = "dir", prefix: str = "",
+                      hosts: Optional[Iterable[str]] = None) -> Dict[str, str]:
+    """Find the fact file of each host without reading it (so a caller can stream them).
+
+    :param path: the directory. :param source: ``dir`` (``<host>.json``) or ``jsonfile`` (Ansible's
+        fact cache: ``<prefix>s1_<host>`` written by ansible-core 2.19, else ``<prefix><host>``).
+    :param prefix: the cache's ``fact_caching_prefix`` (``jsonfile`` only).
+    :param hosts: only these hosts; ``None`` for every file found.
+    :returns: ``{host: file path}``.
+    :raises FactSourceError: when ``path`` is not a directory or ``source`` is unknown.
+    """
+    _check_dir(path)
+    found = {}  # type: Dict[str, str]
+    if source == "dir":
+        if hosts is None:
+            hosts = [name[:-5] for name in os.listdir(path) if name.endswith(".json") and not name.startswith(".")]
+        for host in hosts:
+            file_path = os.path.join(path, host + ".json")
+            if os.path.isfile(file_path):
+                found[host] = file_path
+        return found
+    if source != "jsonfile":
+        raise FactSourceError("unknown fact source %r (dir or jsonfile)" % (source,))
+    if hosts is not None:
+        for host in hosts:
+            for candidate in (prefix + "s1_" + host, prefix + host):
+                file_path = os.path.join(path, candidate)
+                if os.path.isfile(file_path):
+                    found[host] = file_path
+                    break
+        return found
+    old_style = {}  # type: Dict[str, str]
+    for name in sorted(os.listdir(path)):
+        if name.startswith(".") or not name.startswith(prefix):
+            continue
+        file_path = os.path.join(path, name)
+        if not os.path.isfile(file_path):
+            continue
+        rest = name[len(prefix):]
+        match = _SCHEMA_PREFIX.match(rest)
+        if match:
+            found[rest[match.end():]] = file_path
+        else:
+            old_style[rest] = file_path
+    for host, file_path in old_style.items():
+        found.setdefault(host, file_path)
+    return found
+
+
+def load_fact_file(file_path: str, now: Optional[float] = None) -> Dict[str, Any]:
+    """Read one fact file (any of the shapes above).
+
+    :returns: ``{"facts": nvidia document | None, "age_s": float (from the file time), "path",
+        "error": str | None, "wrapped": bool (ansible-core 2.19 payload)}``.
+    :raises FactSourceError: when the file cannot be read.
+    """
+    return _entry(file_path, time.time() if now is None else now)
+
+
 def read_fact_dir(path: str, hosts: Optional[Iterable[str]] = None,
                   now: Optional[float] = None) -> Dict[str, Dict[str, Any]]:
-    """Read ``<path>/<host>.json`` files.
+    """Read ``<path>/<host>.json`` files (all in memory; :func:`locate_fact_files` streams).
 
     :param path: the directory. :param hosts: only these hosts (others are not read); ``None``
         for every ``*.json`` file. :param now: epoch seconds for ages (default: now).
-    :returns: ``{host: {"facts": nvidia document | None, "age_s": float, "path": str,
-        "error": str | None, "wrapped": bool (ansible-core 2.19 payload)}}`` for each file found.
+    :returns: ``{host: load_fact_file(...)}`` for each file found.
     :raises FactSourceError: when ``path`` is not a directory.
     """
-    _check_dir(path)
     now = time.time() if now is None else now
-    out = {}  # type: Dict[str, Dict[str, Any]]
-    if hosts is None:
-        names = [name[:-5] for name in os.listdir(path) if name.endswith(".json") and not name.startswith(".")]
-    else:
-        names = list(hosts)
-    for host in names:
-        file_path = os.path.join(path, host + ".json")
-        if not os.path.isfile(file_path):
-            continue
-        out[host] = _entry(file_path, now)
-    return out
+    return dict((host, _entry(file_path, now))
+                for host, file_path in locate_fact_files(path, "dir", "", hosts).items())
 
 
 def _entry(file_path: str, now: float) -> Dict[str, Any]:
@@ -145,31 +193,6 @@ def read_jsonfile_cache(path: str, prefix: str = "", hosts: Optional[Iterable[st
         the 2.19 one wins.
     :raises FactSourceError: when ``path`` is not a directory.
     """
-    _check_dir(path)
     now = time.time() if now is None else now
-    out = {}  # type: Dict[str, Dict[str, Any]]
-    wrapped_hosts = set()
-    if hosts is not None:
-        for host in hosts:
-            for candidate in (prefix + "s1_" + host, prefix + host):
-                file_path = os.path.join(path, candidate)
-                if os.path.isfile(file_path):
-                    out[host] = _entry(file_path, now)
-                    break
-        return out
-    for name in sorted(os.listdir(path)):
-        if name.startswith(".") or not name.startswith(prefix):
-            continue
-        file_path = os.path.join(path, name)
-        if not os.path.isfile(file_path):
-            continue
-        rest = name[len(prefix):]
-        entry = _entry(file_path, now)
-        match = _SCHEMA_PREFIX.match(rest)
-        if match and entry["wrapped"]:
-            host = rest[match.end():]
-            wrapped_hosts.add(host)
-            out[host] = entry
-        elif rest not in wrapped_hosts and rest not in out:
-            out[rest] = entry
-    return out
+    return dict((host, _entry(file_path, now))
+                for host, file_path in locate_fact_files(path, "jsonfile", prefix, hosts).items())

@@ -280,6 +280,11 @@ def test_old_style_and_awx_cache_files(tmp_path):
     # The ansible-core 2.19 file (s1_) wins over an old-style file of the same host.
     assert found["h1"]["facts"]["driver"]["loaded_version"] == "620.70.06"
     assert found["v1"]["facts"]["driver"]["loaded_version"] == "580.95.05"
+    files = fact_sources.locate_fact_files(str(tmp_path), "jsonfile", "gpf_")
+    assert files == {"h1": str(tmp_path / "gpf_s1_h1"), "v1": str(tmp_path / "gpf_v1")}
+    assert fact_sources.load_fact_file(files["v1"])["wrapped"] is False
+    with pytest.raises(fact_sources.FactSourceError):
+        fact_sources.locate_fact_files(str(tmp_path), "redis")
     only = fact_sources.read_jsonfile_cache(str(tmp_path), prefix="gpf_", hosts=["h1", "v1", "zz"])
     assert sorted(only) == ["h1", "v1"]
     assert only["h1"]["wrapped"] is True
