@@ -139,11 +139,11 @@ def real_rollout(nodes, ports, workdir):
             report = json.load(handle_in)
         totals = [n["durations"]["total_s"] for n in report["nodes"] if (n.get("durations") or {}).get("total_s")]
         phases = {}
-        for phase in ("drain_s", "snapshot_s", "install_s", "reboot_s", "verify_s", "undrain_s"):
+        for phase in ("preflight_drain_s", "snapshot_s", "install_s", "reboot_s", "verify_s", "finish_s"):
             values = [n["durations"][phase] for n in report["nodes"] if (n.get("durations") or {}).get(phase)]
             if values:
                 phases[phase] = round(statistics.median(values), 1)
-        batches = [len(b) for s in report["stages"] for b in [s["hosts"]] if b]
+        batches = [len(stage["hosts"]) for stage in report["stages"]]
         return {
             "nodes": nodes,
             "status": report["status"],

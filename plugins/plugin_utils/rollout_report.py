@@ -14,7 +14,8 @@ Layout of a report directory on the controller (one per rollout id, so a re-run 
 A record (written by the ``node_upgrade`` role): ``{node, stage, class, rollout_id, run_id,
 result, reason, flags, target: {version, branch, requested, note}, before: {userspace, loaded,
 on_disk, state}, after: {...}, rollback: {version, source, ok, reason} | None, started_at,
-finished_at (ISO 8601), durations: {total_s, drain_s, install_s, reboot_s, verify_s, rollback_s},
+finished_at (ISO 8601), durations: {preflight_drain_s, snapshot_s, install_s, reboot_s, verify_s,
+finish_s, rollback_s, total_s},
 gpu_count: {before, after}, new_fatal_xids}``. Results: ``upgraded``, ``skipped`` (already on
 target and healthy), ``rolled_back`` (failed verification, back on the last known-good driver,
 left drained and flagged), ``flagged`` (failed and could not be rolled back; drained and
@@ -40,12 +41,12 @@ _DONE = ("upgraded", "skipped")
 
 
 _PHASES = (
-    ("drain_s", "started", "drained"),
+    ("preflight_drain_s", "started", "drained"),
     ("snapshot_s", "drained", "snapshot"),
     ("install_s", "snapshot", "installed"),
     ("reboot_s", "installed", "rebooted"),
     ("verify_s", "rebooted", "verified"),
-    ("undrain_s", "verified", "undrained"),
+    ("finish_s", "verified", "undrained"),
     ("rollback_s", "failed", "recovered"),
     ("total_s", "started", "finished"),
 )
@@ -56,8 +57,10 @@ def durations_from_marks(marks: Optional[Mapping[str, Any]]) -> Dict[str, Option
 
     :param marks: ``{"started", "drained", "snapshot", "installed", "rebooted", "verified",
         "undrained", "failed", "recovered", "finished"}`` (epoch seconds, any subset).
-    :returns: ``{drain_s, snapshot_s, install_s, reboot_s, verify_s, undrain_s, rollback_s,
-        total_s}``; ``None`` for a phase whose two marks are not both there.
+    :returns: ``{preflight_drain_s (facts, resolution, lock and drain), snapshot_s, install_s
+        (the driver role), reboot_s, verify_s (facts, policy, benchmark), finish_s (known-good
+        record and undrain), rollback_s, total_s}``; ``None`` for a phase whose two marks are not
+        both there.
     """
     marks = marks or {}
     out = {}  # type: Dict[str, Optional[float]]

@@ -33,9 +33,9 @@ def record(node, stage, result, run="r1", before="580.126.20", after="620.82.01"
 def test_durations_from_marks():
     marks = {"started": 100.0, "drained": 103.5, "snapshot": 105.0, "installed": 140.25, "rebooted": 150.0,
              "verified": 158.0, "undrained": 159.0, "finished": 160.0}
-    assert rr.durations_from_marks(marks) == {"drain_s": 3.5, "snapshot_s": 1.5, "install_s": 35.2, "reboot_s": 9.8,
-                                              "verify_s": 8.0, "undrain_s": 1.0, "rollback_s": None,
-                                              "total_s": 60.0}
+    assert rr.durations_from_marks(marks) == {"preflight_drain_s": 3.5, "snapshot_s": 1.5, "install_s": 35.2,
+                                              "reboot_s": 9.8, "verify_s": 8.0, "finish_s": 1.0,
+                                              "rollback_s": None, "total_s": 60.0}
     failed = rr.durations_from_marks({"started": 0, "failed": 50.0, "recovered": 95.5, "finished": 96})
     assert failed["rollback_s"] == 45.5 and failed["verify_s"] is None
 
@@ -179,5 +179,5 @@ def test_action_start_record_render_and_probe(tmp_path):
     assert result["summary"]["upgraded"] == 1 and result["summary"]["not_started"] == 1
     assert result["changed"] is True
     stored = json.loads((tmp_path / "rep" / "nodes" / "n1.json").read_text())
-    assert stored["durations"]["drain_s"] == 2.0 and stored["durations"]["total_s"] == 60.0
+    assert stored["durations"]["preflight_drain_s"] == 2.0 and stored["durations"]["total_s"] == 60.0
     assert stored["started_at"] == "1970-01-01T00:00:10Z"
