@@ -94,11 +94,6 @@ BASELINE_PLAYBOOK = """\
   hosts: all
   gather_facts: false
   tasks:
-    - name: Use the simulated kernel log first, as a real dmesg would be
-      ansible.builtin.file:
-        src: /usr/local/bin/dmesg
-        dest: /usr/sbin/dmesg
-        state: link
     - name: Install and pin R580
       ansible.builtin.include_role:
         name: gpufleet.nvidia.driver
