@@ -97,6 +97,9 @@ def _installable(index: list[dict]) -> dict:
 
 def test_apt_installs_from_the_signed_repository(simfleet):
     node = simfleet.nodes[-1]
+    # Earlier tests in the session may have installed and held a driver on this node; apt must be
+    # judged on a fresh node, where nothing is held.
+    simfleet.reset(node)
     pkg = _installable(_packages_index(simfleet))
     keyring = "/usr/share/keyrings/simfleet-test.gpg"
     sources = "/etc/apt/sources.list.d/simfleet-test.list"
