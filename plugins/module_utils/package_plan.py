@@ -478,7 +478,7 @@ def plan_transaction(distribution: str, branch: str, version: str, kernel_module
         raise PlanError("bad_request", "version %s is not in branch R%s" % (version, branch))
     pm = package_manager(distribution)
     inst = _installed_map(installed)
-    held_names = set(held) if held is not None else set(n for n, p in inst.items() if p.get("held"))
+    held_names = set(held) if held is not None else set(p["name"] for p in installed or [] if p.get("name") and p.get("held"))
     current_version = _installed_driver_version(inst)
     current_branch = current_version.split(".")[0] if current_version else None
 
@@ -603,7 +603,10 @@ def _plan_apt(distribution, branch, version, packages, inst, held_names, removal
     # Field case 17: every NVIDIA driver package that stays installed is held.
     keep = [n for n in inst if is_driver_package(n) and n not in removals]
     hold = sorted(set(set_names) | set(keep))
-    unhold = sorted(n for n in held_names if n in inst and (n in removals or n in set_names or is_driver_package(n)))
+    # A hold blocks apt whether or not the package is installed: a driver package held while not
+    # installed (``hn``: removed by a failed transaction, then held again) is released as well,
+    # or the install of the set stops at "Held packages were changed".
+    unhold = sorted(n for n in held_names if n in removals or n in set_names or is_driver_package(n))
     preferences = apt_preferences(pinned_names, version, branch)
     origin = apt_origin_preferences(origin_pin)
     repin = (current_preferences != preferences) or sorted(held_names & set(hold)) != hold

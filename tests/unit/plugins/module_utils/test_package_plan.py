@@ -471,3 +471,26 @@ def test_nscq_is_skipped_where_the_repository_lacks_it():
     del repo["nvidia-fabricmanager"]
     with pytest.raises(pp.PlanError):
         pp.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
+
+
+def test_a_failed_transaction_leaves_held_packages_that_are_not_installed_and_the_rollback_releases_them():
+    """After a failed module build the old pinning package is removed but held again ("hn"), the new set is
+    half-configured ("iF"); going back to 580.126.20 must release every such hold before apt runs."""
+    dpkg = ("Desired=Unknown/Install/Remove/Purge/Hold\n"
+            "||/ Name                       Version      Architecture Description\n"
+            "+++-==========================-============-============-=================\n"
+            "hn  nvidia-driver-pinning-580  <none>       <none>       (no description available)\n"
+            "iF  nvidia-kernel-open-dkms    620.82.01-1  amd64        module\n"
+            "ii  nvidia-driver-pinning-620  620-5        all          pin\n"
+            "ii  libnvidia-ml1              620.82.01-1  amd64        NVML\n"
+            "hi  linux-image-amd64          6.1.158-1    amd64        kernel\n")
+    packages = parse_dpkg_l(dpkg)
+    assert [p["installed"] for p in packages if p["name"] == "nvidia-driver-pinning-580"] == [False]
+    plan = pp.plan_transaction("debian12", "580", "580.126.20", "open", installed=packages,
+                               available=debian_repo("580.126.20", "620.82.01"))
+    assert plan["unhold"] == ["nvidia-driver-pinning-580"]
+    assert step(plan, "release holds")["argv"] == ["apt-mark", "unhold", "nvidia-driver-pinning-580"]
+    assert "nvidia-driver-pinning-580=580-5" in step(plan, "install the driver set")["argv"]
+    assert "--allow-downgrades" in step(plan, "install the driver set")["argv"]
+    # The kernel's hold is not the driver's to release.
+    assert "linux-image-amd64" not in plan["unhold"]
