@@ -368,6 +368,10 @@ def test_five_fault_kinds_at_golden_in_the_canary_pool_and_in_a_wave(rollouts):
     record = assert_recovered(rollouts, "f-wave", "node03", BASELINE)
     assert "apt-get failed" in record["reason"]
     assert record["flags"] == ["transaction_failed"]
+    # A failed module build leaves the new set half-configured and the old pinning package removed but
+    # held again; the rollback releases those holds and puts the node back on its known-good driver.
+    assert record["result"] == "rolled_back", record
+    assert_on(rollouts, "node03", BASELINE)
     assert rollouts.report("f-wave")["summary"]["not_started"] == 1
 
     record = assert_recovered(rollouts, "f-golden", "node05", BASELINE)
@@ -375,6 +379,11 @@ def test_five_fault_kinds_at_golden_in_the_canary_pool_and_in_a_wave(rollouts):
 
     record = assert_recovered(rollouts, "f-canary", "node07", BASELINE)
     assert "new fatal Xid during the soak: Xid 48" in record["reason"]
+    # node07 passed its verification on 620.82.01 before the soak failed: once rolled back, the version
+    # that failed is no longer its last known-good.
+    assert record["result"] == "rolled_back", record
+    local = json.loads(rollouts.sh("node07", "cat /etc/ansible/facts.d/gpufleet_driver.fact"))
+    assert local["last_known_good"]["version"] == BASELINE
     assert rollouts.record("f-canary", "node06")["result"] == "upgraded"
     assert_on(rollouts, "node06", "620.82.01")
 
