@@ -776,6 +776,36 @@ def init_error_message(name: str) -> str:
     return "NVML could not start: %s" % _INIT_ERRORS.get(name, "NVML error %s" % name)
 
 
+def run_with_nvml(module: Any, nvml: Any, body: Any) -> Dict[str, Any]:
+    """Start NVML, run ``body(module, nvml)``, shut NVML down whatever happens, return its result.
+
+    Shared by the modules that change GPUs (``gpu_policy``, ``gpu_mig``).
+
+    :param module: the ``AnsibleModule``; its ``fail_json`` ends the run when pynvml is missing
+        (``nvml`` is ``None``) or ``nvmlInit`` fails (message from :func:`init_error_message`,
+        ``nvml_error`` = the NVML error name; an ``OSError`` from loading libnvidia-ml.so.1 is
+        ``LibraryNotFound``).
+    :param nvml: the pynvml module (``nvml_reader.load_pynvml()``) or ``None``.
+    :param body: a callable ``(module, nvml) -> dict``, the module's result.
+    :returns: what ``body`` returned. ``nvmlShutdown`` errors are ignored; ``body``'s are raised.
+    """
+    if nvml is None:
+        module.fail_json(msg="The pynvml module (package nvidia-ml-py) is not installed for this Python on the "
+                             "node; install it (pip install nvidia-ml-py, or the distribution's python3-pynvml).")
+    try:
+        nvml.nvmlInit()
+    except Exception as err:  # pylint: disable=broad-except
+        name = "LibraryNotFound" if isinstance(err, OSError) else error_name(nvml, err)
+        module.fail_json(msg=init_error_message(name), nvml_error=name)
+    try:
+        return body(module, nvml)
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+
 def read_gpus(nvml: Any) -> Dict[str, Any]:
     """Read every GPU of the node through NVML (already initialised). Does NVML I/O.
 

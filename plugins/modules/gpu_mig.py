@@ -215,11 +215,11 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters import (
     apply_mig_plan,
     classify_smi_output,
-    init_error_message,
     permission_message,
     read_gpus,
     read_mig_profiles,
     read_permission_context,
+    run_with_nvml,
 )
 
 
@@ -443,23 +443,7 @@ def main():
         required_together=[("config", "label")],
         supports_check_mode=True,
     )
-    nvml = load_pynvml()
-    if nvml is None:
-        module.fail_json(msg="The pynvml module (package nvidia-ml-py) is not installed for this Python on the "
-                             "node; install it (pip install nvidia-ml-py, or the distribution's python3-pynvml).")
-    try:
-        nvml.nvmlInit()
-    except Exception as err:  # pylint: disable=broad-except
-        name = "LibraryNotFound" if isinstance(err, OSError) else error_name(nvml, err)
-        module.fail_json(msg=init_error_message(name), nvml_error=name)
-    try:
-        result = run(module, nvml)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:  # pylint: disable=broad-except
-            pass
-    module.exit_json(**result)
+    module.exit_json(**run_with_nvml(module, load_pynvml(), run))
 
 
 if __name__ == "__main__":

@@ -206,15 +206,15 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_policy_plan im
     plan_policy,
     policy_report,
 )
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import error_name, load_pynvml
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import load_pynvml
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters import (
     apply_policy_plan,
     assess_policy,
     planned_results,
-    init_error_message,
     permission_message,
     read_gpus,
     read_permission_context,
+    run_with_nvml,
 )
 
 _SETTING_WORDS = {
@@ -355,23 +355,7 @@ def main():
         mutually_exclusive=[("power_limit_w", "power_limit_percent")],
         supports_check_mode=True,
     )
-    nvml = load_pynvml()
-    if nvml is None:
-        module.fail_json(msg="The pynvml module (package nvidia-ml-py) is not installed for this Python on the "
-                             "node; install it (pip install nvidia-ml-py, or the distribution's python3-pynvml).")
-    try:
-        nvml.nvmlInit()
-    except Exception as err:  # pylint: disable=broad-except
-        name = "LibraryNotFound" if isinstance(err, OSError) else error_name(nvml, err)
-        module.fail_json(msg=init_error_message(name), nvml_error=name)
-    try:
-        result = run(module, nvml)
-    finally:
-        try:
-            nvml.nvmlShutdown()
-        except Exception:  # pylint: disable=broad-except
-            pass
-    module.exit_json(**result)
+    module.exit_json(**run_with_nvml(module, load_pynvml(), run))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters impor
     in_container,
     outcome_of_error,
     permission_message,
+    run_with_nvml,
     setter_result,
     smi_reported_success,
 )
@@ -196,3 +197,69 @@ def test_call_setter_success_and_missing_function():
     fake = _FakeNvml()
     assert call_setter(fake, "nvmlDeviceSetPersistenceMode", "h0", 0) is None
     assert call_setter(fake, "nvmlDeviceSetSomethingNew", "h0") == "FunctionNotFound"
+
+
+class _Failed(Exception):
+    pass
+
+
+class _Module:
+    """What run_with_nvml needs of an AnsibleModule: fail_json that ends the run."""
+
+    def __init__(self):
+        self.failure = None
+
+    def fail_json(self, **kwargs):
+        self.failure = kwargs
+        raise _Failed()
+
+
+class _Nvml:
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, init_error=None):
+        self.init_error = init_error
+        self.calls = []
+
+    def nvmlInit(self):
+        self.calls.append("init")
+        if self.init_error is not None:
+            raise self.init_error
+
+    def nvmlShutdown(self):
+        self.calls.append("shutdown")
+
+
+def test_run_with_nvml_starts_runs_and_shuts_down_even_when_the_body_fails():
+    nvml = _Nvml()
+    assert run_with_nvml(_Module(), nvml, lambda module, lib: {"changed": lib is nvml}) == {"changed": True}
+    assert nvml.calls == ["init", "shutdown"]
+
+    def body(module, lib):
+        raise RuntimeError("setter crashed")
+
+    nvml = _Nvml()
+    with pytest.raises(RuntimeError, match="setter crashed"):
+        run_with_nvml(_Module(), nvml, body)
+    assert nvml.calls == ["init", "shutdown"]
+
+
+@pytest.mark.parametrize("error, name, words", [
+    (pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED), "DriverNotLoaded", "kernel module is not loaded"),
+    (pynvml.NVMLError(pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH), "LibRmVersionMismatch", "reboot the node"),
+    (OSError("libnvidia-ml.so.1: cannot open shared object file"), "LibraryNotFound", "NVML could not start"),
+])
+def test_run_with_nvml_fails_the_module_with_the_init_error(error, name, words):
+    module, nvml, ran = _Module(), _Nvml(error), []
+    with pytest.raises(_Failed):
+        run_with_nvml(module, nvml, lambda m, lib: ran.append(1))
+    assert module.failure["nvml_error"] == name
+    assert words in module.failure["msg"]
+    assert ran == [] and nvml.calls == ["init"]
+
+
+def test_run_with_nvml_without_pynvml_names_the_package():
+    module = _Module()
+    with pytest.raises(_Failed):
+        run_with_nvml(module, None, lambda m, lib: {})
+    assert "nvidia-ml-py" in module.failure["msg"]
