@@ -18,33 +18,18 @@ import re
 
 import pytest
 
+from test_driver_role import PLAYBOOK as DRIVER_ROLE_PLAYBOOK
+
 pytestmark = pytest.mark.fleet
 
-TODAY = "2026-11-29"
-ARCH = {"h100": "Hopper", "a100": "Ampere", "l40s": "Ada Lovelace", "v100": "Volta", "b200": "Blackwell"}
-NVSWITCH_CLASSES = ("h100", "a100", "b200")
-
-DRIVER_PLAYBOOK = """\
-- name: Install the NVIDIA driver and boot into it
-  hosts: all
-  gather_facts: false
-  vars:
-    driver_repo_url: "{{ simfleet_apt_repo_url }}"
-    driver_repo_key_src: "{{ simfleet_apt_key_asc_path }}"
-    driver_repo_key_fingerprint: "{{ simfleet_apt_key_fingerprint }}"
-    driver_pynvml: none
-    driver_today: "%(today)s"
-    test_gpu_architecture: %(arch)s
-    test_nvswitch_classes: %(nvswitch)s
-    driver_gpu_architectures: "{{ [test_gpu_architecture[simfleet_gpu_class]] }}"
-    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in test_nvswitch_classes else 'disabled' }}"
-  roles:
-    - role: gpufleet.nvidia.driver
+# The driver play of the driver role's tests, followed by the reboot into the installed driver.
+DRIVER_PLAYBOOK = DRIVER_ROLE_PLAYBOOK + """\
   post_tasks:
     - name: Reboot into the installed driver
       ansible.builtin.reboot:
       when: driver_reboot_required | bool
-""" % {"today": TODAY, "arch": json.dumps(ARCH), "nvswitch": json.dumps(list(NVSWITCH_CLASSES))}
+"""
+
 
 POLICY_PLAYBOOK = """\
 - name: Hold the GPU policy of the class

@@ -7,32 +7,17 @@ MIG mode changes are pending until a GPU reset or boot, refused with InUse while
 run; MIG devices vanish at boot or reset; nvidia-smi -r refuses busy GPUs "In use by another client".
 """
 
-import json
 import os
-from unittest import mock
 import stat
 import sys
 
 import pytest
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.testing import patch_module_args
 
-SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "simfleet")
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "fixtures", "cases")
-if SIMFLEET not in sys.path:
-    sys.path.insert(0, SIMFLEET)
 
+from simnode import fault, make_node_root, run_main, state_of, warnings_of  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu import SIMGPU_LIB_DIR  # noqa: E402  pylint: disable=wrong-import-position
-from simfleet.gpu import load_pynvml as load_sim_pynvml  # noqa: E402  pylint: disable=wrong-import-position
-from simfleet.gpu.faults import apply_fault  # noqa: E402  pylint: disable=wrong-import-position
-from simfleet.gpu.state import (  # noqa: E402  pylint: disable=wrong-import-position
-    boot_node_root,
-    initial_state,
-    load_state,
-    state_path,
-    update_state,
-    write_node_root,
-)
+from simfleet.gpu.state import boot_node_root  # noqa: E402  pylint: disable=wrong-import-position
 
 from ansible_collections.gpufleet.nvidia.plugins.modules import gpu_mig  # noqa: E402
 
@@ -63,13 +48,7 @@ def fixture_node(tmp_path, monkeypatch):
     """A fake node root of a GPU class with the simulated NVML and nvidia-smi."""
 
     def make(profile="h100"):
-        root = str(tmp_path / "root")
-        write_node_root(root, initial_state(profile, "node-%s" % profile))
-        boot_node_root(root)
-        monkeypatch.setenv("SIMGPU_ROOT", root)
-        monkeypatch.delenv("SIMGPU_FAKE_UID", raising=False)
-        nvml = load_sim_pynvml()
-        monkeypatch.setattr(gpu_mig, "load_pynvml", lambda: nvml)
+        root = make_node_root(tmp_path, monkeypatch, gpu_mig, profile)
         monkeypatch.setattr(gpu_mig, "_reset_holders", lambda: (False, [], []))
         smi = _write_smi(str(tmp_path / "nvidia-smi"),
                          "import sys\nsys.path.insert(0, %r)\nfrom simgpu import smi\nsys.exit(smi.main(sys.argv[1:]))\n"
@@ -79,35 +58,9 @@ def fixture_node(tmp_path, monkeypatch):
     return make
 
 
-def state_of(root):
-    return load_state(state_path(root))
-
-
-def fault(root, kind, args):
-    update_state(state_path(root), lambda state: apply_fault(state, kind, args))
-
-
 def run_module(args, capsys, check_mode=False, diff=False):
-    """Run main() as Ansible does; the result carries ``_warned``, every text given to module.warn()."""
-    warned = []
-    original = AnsibleModule.warn
-
-    def record(self, warning, *more, **kwargs):
-        warned.append(warning)
-        return original(self, warning, *more, **kwargs)
-
-    args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
-    with patch_module_args(args), mock.patch.object(AnsibleModule, "warn", record):
-        with pytest.raises(SystemExit) as exit_info:
-            gpu_mig.main()
-    result = json.loads(capsys.readouterr().out)
-    result["_warned"] = warned
-    return exit_info.value.code, result
-
-
-def warnings_of(result):
-    """The warnings the module gave (whether the core returns them in the result or shows them itself)."""
-    return result["_warned"]
+    """Run gpu_mig.main() as Ansible does; see simnode.run_main."""
+    return run_main(gpu_mig.main, args, capsys, check_mode=check_mode, diff=diff)
 
 
 def layout_in_state(gpu):

@@ -13,30 +13,15 @@ import json
 import os
 import shutil
 import subprocess
-from unittest import mock
 import sys
 
 import pynvml as real_pynvml
 import pytest
 import yaml
-from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.testing import patch_module_args
 
-SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "simfleet")
-if SIMFLEET not in sys.path:
-    sys.path.insert(0, SIMFLEET)
-
+from simnode import fault, make_node_root, run_main, state_of, warnings_of  # noqa: E402  pylint: disable=wrong-import-position
+from simfleet.gpu.state import boot_node_root, state_path, update_state, write_node_root  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu import PYNVML_DROPIN  # noqa: E402  pylint: disable=wrong-import-position
-from simfleet.gpu import load_pynvml as load_sim_pynvml  # noqa: E402  pylint: disable=wrong-import-position
-from simfleet.gpu.faults import apply_fault  # noqa: E402  pylint: disable=wrong-import-position
-from simfleet.gpu.state import (  # noqa: E402  pylint: disable=wrong-import-position
-    boot_node_root,
-    initial_state,
-    load_state,
-    state_path,
-    update_state,
-    write_node_root,
-)
 
 from ansible_collections.gpufleet.nvidia.plugins.modules import gpu_policy  # noqa: E402
 
@@ -46,47 +31,14 @@ def fixture_node(tmp_path, monkeypatch):
     """Make a fake node root of a GPU class and point the module's pynvml at it."""
 
     def make(profile="h100"):
-        root = str(tmp_path / "root")
-        write_node_root(root, initial_state(profile, "node-%s" % profile))
-        boot_node_root(root)
-        monkeypatch.setenv("SIMGPU_ROOT", root)
-        monkeypatch.delenv("SIMGPU_FAKE_UID", raising=False)
-        nvml = load_sim_pynvml()
-        monkeypatch.setattr(gpu_policy, "load_pynvml", lambda: nvml)
-        return root
+        return make_node_root(tmp_path, monkeypatch, gpu_policy, profile)
 
     return make
 
 
-def state_of(root):
-    return load_state(state_path(root))
-
-
-def fault(root, kind, args):
-    update_state(state_path(root), lambda state: apply_fault(state, kind, args))
-
-
 def run_module(args, capsys, check_mode=False, diff=False):
-    """Run main() as Ansible does; the result carries ``_warned``, every text given to module.warn()."""
-    warned = []
-    original = AnsibleModule.warn
-
-    def record(self, warning, *more, **kwargs):
-        warned.append(warning)
-        return original(self, warning, *more, **kwargs)
-
-    args = dict(args, _ansible_check_mode=check_mode, _ansible_diff=diff)
-    with patch_module_args(args), mock.patch.object(AnsibleModule, "warn", record):
-        with pytest.raises(SystemExit) as exit_info:
-            gpu_policy.main()
-    result = json.loads(capsys.readouterr().out)
-    result["_warned"] = warned
-    return exit_info.value.code, result
-
-
-def warnings_of(result):
-    """The warnings the module gave (whether the core returns them in the result or shows them itself)."""
-    return result["_warned"]
+    """Run gpu_policy.main() as Ansible does; see simnode.run_main."""
+    return run_main(gpu_policy.main, args, capsys, check_mode=check_mode, diff=diff)
 
 
 H100_POLICY = {"power_limit_w": 600, "persistence_mode": True, "compute_mode": "exclusive_process", "ecc_mode": True}
