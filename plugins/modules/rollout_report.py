@@ -56,19 +56,7 @@ author:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
-attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: all
+  - gpufleet.nvidia.controller_action
 """
 
 EXAMPLES = r"""
