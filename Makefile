@@ -20,7 +20,7 @@ HOST_PACKAGES := debootstrap debian-archive-keyring systemd-container kmod binut
 	apt-utils gnupg openssh-client python3-venv iproute2 procps mount
 
 # Molecule scenarios, each on a simulated fleet of its own.
-MOLECULE_SCENARIOS := $(filter-out rollout,$(sort $(notdir $(wildcard molecule/*))))
+MOLECULE_SCENARIOS := $(sort $(notdir $(wildcard molecule/*)))
 
 .PHONY: test demo deps host-packages venv collection lint sanity unit integration molecule clean
 
