@@ -38,17 +38,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 SIMFLEET = os.path.join(REPO, "tests", "simfleet")
 DEFAULT_WAVES = [1, "5%", "25%", "100%"]
 
-INVENTORY = """\
-all:
-  vars:
-    driver_repo_url: "{{ simfleet_apt_repo_url }}"
-    driver_repo_key_src: "{{ simfleet_apt_key_asc_path }}"
-    driver_repo_key_fingerprint: "{{ simfleet_apt_key_fingerprint }}"
-    driver_pynvml: none
-    driver_today: "2026-11-29"
-    bench_arch: {h100: Hopper, a100: Ampere, l40s: Ada Lovelace, v100: Volta, b200: Blackwell}
-    driver_gpu_architectures: "{{ [bench_arch[simfleet_gpu_class]] }}"
-    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in ['h100', 'a100', 'b200'] else 'disabled' }}"
+# Golden node01, canary pool node02 and node03, every other node in the waves.
+GROUPS = """\
   children:
     gpufleet_golden:
       hosts:
@@ -58,22 +49,7 @@ all:
         node02:
         node03:
 """
-
-BASELINE = """\
-- name: Install the baseline driver
-  hosts: all
-  gather_facts: false
-  tasks:
-    - name: Install and pin R580
-      ansible.builtin.include_role:
-        name: gpufleet.nvidia.driver
-      vars:
-        driver_branch: "580"
-        driver_version: "580.126.20"
-    - name: Boot it
-      ansible.builtin.reboot:
-      when: driver_reboot_required | bool
-"""
+BASELINE_VERSION = "580.126.20"
 
 
 def schedule_table():
@@ -116,17 +92,23 @@ def run(argv, env, cwd=None, log=None):
 
 def real_rollout(nodes, ports, workdir):
     sys.path.insert(0, SIMFLEET)
-    from simfleet.testing import SimFleet, ansible_env, make_fleet  # pylint: disable=import-outside-toplevel
+    from simfleet.testing import (  # pylint: disable=import-outside-toplevel
+        FLEET_DRIVER_VARS,
+        SimFleet,
+        ansible_env,
+        baseline_playbook,
+        make_fleet,
+    )
 
     fleet = make_fleet("bench-rollout", nodes, "h100,a100,l40s,v100", ports)
     try:
         handle = SimFleet(fleet)
         inventory = os.path.join(workdir, "inventory.yml")
         with open(inventory, "w") as out:
-            out.write(INVENTORY)
+            out.write("all:\n  vars:\n" + FLEET_DRIVER_VARS + GROUPS)
         baseline = os.path.join(workdir, "baseline.yml")
         with open(baseline, "w") as out:
-            out.write(BASELINE)
+            out.write(baseline_playbook(BASELINE_VERSION))
         env = ansible_env()
         tool = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
         base_wall, base_cpu = run([tool, "-i", handle.inventory, "-i", inventory, baseline, "-f", "16"], env,

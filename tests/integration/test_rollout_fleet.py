@@ -41,7 +41,14 @@ SIMFLEET_DIR = os.path.join(REPO, "tests", "simfleet")
 if SIMFLEET_DIR not in sys.path:
     sys.path.append(SIMFLEET_DIR)
 
-from simfleet.testing import SimFleet, ansible_env, fleet_unavailable, make_fleet  # noqa: E402
+from simfleet.testing import (  # noqa: E402
+    FLEET_DRIVER_VARS,
+    SimFleet,
+    ansible_env,
+    baseline_playbook,
+    fleet_unavailable,
+    make_fleet,
+)
 
 pytestmark = pytest.mark.fleet
 
@@ -50,22 +57,17 @@ BASELINE = "580.126.20"
 ROLLOUT = os.path.join(REPO, "playbooks", "rollout.yml")
 ROLLBACK = os.path.join(REPO, "playbooks", "rollback.yml")
 
-INVENTORY = """\
-all:
-  vars:
-    driver_repo_url: "{{ simfleet_apt_repo_url }}"
-    driver_repo_key_src: "{{ simfleet_apt_key_asc_path }}"
-    driver_repo_key_fingerprint: "{{ simfleet_apt_key_fingerprint }}"
-    driver_pynvml: none
-    driver_today: "2026-11-29"
-    test_arch: {h100: Hopper, a100: Ampere, l40s: Ada Lovelace, v100: Volta, b200: Blackwell}
-    driver_gpu_architectures: "{{ [test_arch[simfleet_gpu_class]] }}"
-    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in ['h100', 'a100', 'b200'] else 'disabled' }}"
+# Variables of every rollout test fleet: the fleet's signed repository, drain markers in the
+# test's directory, short reboot and rescue timeouts.
+INVENTORY_VARS = "all:\n  vars:\n" + FLEET_DRIVER_VARS + """\
     node_upgrade_drain: command
     node_upgrade_drain_command: [touch, "%(dir)s/drained/{{ inventory_hostname }}"]
     node_upgrade_undrain_command: [rm, -f, "%(dir)s/drained/{{ inventory_hostname }}"]
-    node_upgrade_reboot_timeout_s: 90
+    node_upgrade_reboot_timeout_s: %(reboot_timeout_s)d
     node_upgrade_rescue_connect_timeout_s: 15
+"""
+
+INVENTORY = INVENTORY_VARS + """\
   children:
     gpu_h100:
       vars:
@@ -89,33 +91,19 @@ all:
         node07:
 """
 
-BASELINE_PLAYBOOK = """\
-- name: Install the baseline driver
-  hosts: all
-  gather_facts: false
-  tasks:
-    - name: Install and pin R580
-      ansible.builtin.include_role:
-        name: gpufleet.nvidia.driver
-      vars:
-        driver_branch: "580"
-        driver_version: "%s"
-    - name: Boot the baseline driver
-      ansible.builtin.reboot:
-      when: driver_reboot_required | bool
-""" % BASELINE
+BASELINE_PLAYBOOK = baseline_playbook(BASELINE)
 
 
 class Rollouts(object):
     """The fleet and the test's directory (inventory additions, drain markers, reports)."""
 
-    def __init__(self, fleet, workdir):
+    def __init__(self, fleet, workdir, inventory=INVENTORY, reboot_timeout_s=90):
         self.fleet = fleet
         self.dir = workdir
         self.inventory = os.path.join(workdir, "rollout-inventory.yml")
         os.makedirs(os.path.join(workdir, "drained"), exist_ok=True)
         with open(self.inventory, "w") as handle:
-            handle.write(INVENTORY % {"dir": workdir})
+            handle.write(inventory % {"dir": workdir, "reboot_timeout_s": reboot_timeout_s})
 
     def argv(self, playbook, *extra):
         tool = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
@@ -184,25 +172,34 @@ class Rollouts(object):
         return self.fleet.run(node, "test -e /var/lib/gpufleet/rollout/lock.json").returncode == 0
 
 
-@pytest.fixture(scope="module")
-def rollouts(tmp_path_factory):
+def rollout_fleet(tmp_path_factory, name, ports, layout, **rollouts_args):
+    """Bring up a fleet of ``layout`` with every node on the baseline driver; yield its Rollouts.
+
+    ``name`` and ``ports`` may be overridden by ``<NAME>_FLEET`` / ``<NAME>_PORTS`` in the
+    environment (``name`` upper-cased, ``-`` → ``_``). The fleet is purged afterwards unless
+    ``SIMFLEET_TEST_KEEP=1``.
+    """
     reason = fleet_unavailable()
     if reason:
         pytest.skip(reason)
-    name = os.environ.get("ROLLOUT_TEST_FLEET") or "rollout-test"
-    ports = os.environ.get("ROLLOUT_TEST_PORTS") or "24300-24399"
-    fleet = make_fleet(name, None, LAYOUT, ports)
+    env = name.upper().replace("-", "_")
+    fleet = make_fleet(os.environ.get(env + "_FLEET") or name, None, layout, os.environ.get(env + "_PORTS") or ports)
     try:
-        handle = Rollouts(SimFleet(fleet), str(tmp_path_factory.mktemp("rollout")))
+        handle = Rollouts(SimFleet(fleet), str(tmp_path_factory.mktemp(name)), **rollouts_args)
         baseline = os.path.join(handle.dir, "baseline.yml")
         with open(baseline, "w") as out:
             out.write(BASELINE_PLAYBOOK)
-        code, log = handle.run(baseline, "-f", "8")
+        code, log = handle.run(baseline, "-f", "12")
         assert code == 0, log[-4000:]
         yield handle
     finally:
         if os.environ.get("SIMFLEET_TEST_KEEP") != "1":
             fleet.down(purge=True)
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory):
+    yield from rollout_fleet(tmp_path_factory, "rollout-test", "24300-24399", LAYOUT)
 
 
 def assert_on(rollouts, node, version):

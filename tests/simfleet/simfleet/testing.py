@@ -28,6 +28,41 @@ from simfleet import DEFAULT_PORT_RANGE, REPO_ROOT, cache_dir
 DEFAULT_TEST_LAYOUT = "h100,a100,l40s,v100"
 
 
+# The driver role's variables for a simulated fleet (lines under ``all: vars:`` of an inventory
+# added to the fleet's own): the fleet's signed repository and key, no pynvml install (the nodes
+# bring the simulated one), the catalog's date, and per GPU class its architecture and whether
+# it has NVSwitches (Fabric Manager).
+FLEET_DRIVER_VARS = """\
+    driver_repo_url: "{{ simfleet_apt_repo_url }}"
+    driver_repo_key_src: "{{ simfleet_apt_key_asc_path }}"
+    driver_repo_key_fingerprint: "{{ simfleet_apt_key_fingerprint }}"
+    driver_pynvml: none
+    driver_today: "2026-11-29"
+    simfleet_arch: {h100: Hopper, a100: Ampere, l40s: Ada Lovelace, v100: Volta, b200: Blackwell}
+    driver_gpu_architectures: "{{ [simfleet_arch[simfleet_gpu_class]] }}"
+    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in ['h100', 'a100', 'b200'] else 'disabled' }}"
+"""
+
+
+def baseline_playbook(version: str) -> str:
+    """A playbook that installs and pins driver ``version`` with the driver role and boots into it."""
+    return """\
+- name: Install the baseline driver
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Install and pin R%(branch)s
+      ansible.builtin.include_role:
+        name: gpufleet.nvidia.driver
+      vars:
+        driver_branch: "%(branch)s"
+        driver_version: "%(version)s"
+    - name: Boot the baseline driver
+      ansible.builtin.reboot:
+      when: driver_reboot_required | bool
+""" % {"branch": version.split(".", 1)[0], "version": version}
+
+
 def _tool(name: str) -> str:
     """An Ansible command next to this Python (the project's virtualenv), else from PATH."""
     candidate = os.path.join(os.path.dirname(sys.executable), name)
