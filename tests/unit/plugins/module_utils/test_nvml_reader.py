@@ -15,19 +15,11 @@ import sys
 
 import pytest
 
-SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "simfleet")
-if SIMFLEET not in sys.path:
-    sys.path.insert(0, SIMFLEET)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from simnode import fault  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu import load_pynvml as load_sim_pynvml  # noqa: E402  pylint: disable=wrong-import-position
-from simfleet.gpu.faults import apply_fault  # noqa: E402  pylint: disable=wrong-import-position
-from simfleet.gpu.state import (  # noqa: E402  pylint: disable=wrong-import-position
-    boot_node_root,
-    initial_state,
-    state_path,
-    update_state,
-    write_node_root,
-)
+from simfleet.gpu.state import boot_node_root, initial_state, write_node_root  # noqa: E402  pylint: disable=wrong-import-position
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_assemble import assemble_facts  # noqa: E402
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import read_nvml  # noqa: E402
@@ -48,10 +40,6 @@ def fixture_node(tmp_path, monkeypatch):
         return root, load_sim_pynvml()
 
     return make
-
-
-def fault(root, kind, args):
-    update_state(state_path(root), lambda state: apply_fault(state, kind, args))
 
 
 def smi_xml(root):

@@ -15,6 +15,8 @@ import pytest
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "fixtures", "cases")
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
 from simnode import fault, make_node_root, run_main, state_of, warnings_of  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu import SIMGPU_LIB_DIR  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu.state import boot_node_root  # noqa: E402  pylint: disable=wrong-import-position

@@ -19,6 +19,8 @@ import pynvml as real_pynvml
 import pytest
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
 from simnode import fault, make_node_root, run_main, state_of, warnings_of  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu.state import boot_node_root, state_path, update_state, write_node_root  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu import PYNVML_DROPIN  # noqa: E402  pylint: disable=wrong-import-position

@@ -17,7 +17,7 @@ import pytest
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
 
-SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "simfleet")
+SIMFLEET = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "simfleet")
 if SIMFLEET not in sys.path:
     sys.path.insert(0, SIMFLEET)
 
