@@ -17,7 +17,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 # Debian packages the simulated fleet and the tests need on the control host.
 HOST_PACKAGES := debootstrap debian-archive-keyring systemd-container kmod binutils dpkg-dev \
-	apt-utils gnupg openssh-client python3-venv iproute2 procps mount
+	apt-utils gnupg openssh-client python3-venv iproute2 procps mount git
 
 # Molecule scenarios, each on a simulated fleet of its own.
 MOLECULE_SCENARIOS := $(sort $(notdir $(wildcard molecule/*)))
@@ -50,14 +50,14 @@ collection:
 	@mkdir -p .build/collections/ansible_collections/gpufleet
 	@ln -sfn $(CURDIR) .build/collections/ansible_collections/gpufleet/nvidia
 
-lint: deps
+lint: venv collection
 	$(VENV)/bin/ansible-lint --profile production
 	$(VENV)/bin/antsibull-changelog lint
 
-sanity: deps
+sanity: venv collection
 	PYTHON=$(PYTHON) bash tests/sanity/run-sanity.sh
 
-unit: deps
+unit: venv collection
 	$(PY) -m pytest -q tests/unit
 
 integration: deps

@@ -31,6 +31,7 @@ BASELINE = "580.126.20"
 FAILING_NODE = "node06"
 ROLLOUT_ID = "demo-ltsb"
 REPORTS = os.path.join(REPO, ".build", "demo-reports")
+DRAIN_MARK = "/var/lib/gpufleet/drained"
 
 
 def say(text: str) -> None:
@@ -86,7 +87,9 @@ def main() -> int:
 
     with open(report_json) as handle:
         report = json.load(handle)
-    problems = check_story(report, rc)
+    drained = dict((node["node"], is_drained(node["node"])) for node in report.get("nodes", []))
+    print("drained (%s on the node): %s" % (DRAIN_MARK, ", ".join(n for n, d in sorted(drained.items()) if d) or "none"))
+    problems = check_story(report, rc, drained)
     say("Done in %.0f s" % (time.time() - started))
     if problems:
         print("The demo did not go as described:\n- " + "\n- ".join(problems))
@@ -97,10 +100,27 @@ def main() -> int:
     return 0
 
 
-def check_story(report: dict, rc: int) -> list:
-    """Compare the rollout report with the story the demo tells; return what differs."""
+def is_drained(node: str) -> bool:
+    """Whether the node carries the drain mark (inventories/simfleet: the drain command's file)."""
+    probe = run(SIMFLEET + ["ssh", node, "test", "-e", DRAIN_MARK], check=False, capture_output=True)
+    return probe.returncode == 0
+
+
+def check_story(report: dict, rc: int, drained: dict) -> list:
+    """Compare the rollout report and the nodes' drain marks with the story the demo tells.
+
+    :param report: the rollout report (rollout-report.json).
+    :param rc: the rollout playbook's exit status.
+    :param drained: node name -> whether it is drained now.
+    :returns: the differences, as sentences (empty when the story held).
+    """
     nodes = dict((entry["node"], entry) for entry in report.get("nodes", []))
     problems = []
+    if not drained.get(FAILING_NODE):
+        problems.append("%s is not drained after its failure" % FAILING_NODE)
+    back_in_service = sorted(n for n, d in drained.items() if d and n != FAILING_NODE)
+    if back_in_service:
+        problems.append("nodes other than %s are still drained: %s" % (FAILING_NODE, ", ".join(back_in_service)))
     if rc == 0:
         problems.append("the rollout playbook succeeded although %s lost a GPU" % FAILING_NODE)
     if report.get("status") != "stopped" or [s["node"] for s in report.get("stopped_by", [])] != [FAILING_NODE]:
