@@ -28,20 +28,23 @@ from simfleet import DEFAULT_PORT_RANGE, REPO_ROOT, cache_dir
 DEFAULT_TEST_LAYOUT = "h100,a100,l40s,v100"
 
 
-# The driver role's variables for a simulated fleet (lines under ``all: vars:`` of an inventory
-# added to the fleet's own): the fleet's signed repository and key, no pynvml install (the nodes
-# bring the simulated one), the catalog's date, and per GPU class its architecture and whether
-# it has NVSwitches (Fabric Manager).
-FLEET_DRIVER_VARS = """\
-    driver_repo_url: "{{ simfleet_apt_repo_url }}"
-    driver_repo_key_src: "{{ simfleet_apt_key_asc_path }}"
-    driver_repo_key_fingerprint: "{{ simfleet_apt_key_fingerprint }}"
-    driver_pynvml: none
-    driver_today: "2026-11-29"
-    simfleet_arch: {h100: Hopper, a100: Ampere, l40s: Ada Lovelace, v100: Volta, b200: Blackwell}
-    driver_gpu_architectures: "{{ [simfleet_arch[simfleet_gpu_class]] }}"
-    driver_fabric_manager: "{{ 'enabled' if simfleet_gpu_class in ['h100', 'a100', 'b200'] else 'disabled' }}"
-"""
+def _fleet_driver_vars() -> str:
+    """The driver role's variables of ``inventories/simfleet/group_vars/all.yml`` (the fleet's signed
+    repository and key, no pynvml install, each GPU class's architecture and Fabric Manager), with
+    the catalog's date pinned for the tests, as lines to put under ``all: vars:``."""
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    with open(os.path.join(REPO_ROOT, "inventories", "simfleet", "group_vars", "all.yml"), encoding="utf-8") as handle:
+        declared = yaml.safe_load(handle)
+    chosen = dict((key, value) for key, value in declared.items()
+                  if key.startswith("driver_") or key == "gpufleet_simfleet_architectures")
+    chosen["driver_today"] = "2026-11-29"
+    text = yaml.safe_dump(chosen, default_flow_style=False, sort_keys=True, width=1000)
+    return "".join("    " + line + "\n" for line in text.splitlines())
+
+
+# Lines under ``all: vars:`` of an inventory added to a test fleet's own.
+FLEET_DRIVER_VARS = _fleet_driver_vars()
 
 
 def baseline_playbook(version: str) -> str:
