@@ -1,0 +1,472 @@
+"""Fleet-scale simulation of the rollout's decisions, side by side with other rollout policies.
+
+Usage (from the repository root, with the project's virtualenv Python; no fleet, no root)::
+
+    python benchmarks/rollout/simulate.py [--nodes 10000] [--runs 20] [--json] [--processes 2]
+
+The ``default`` policy is this collection's: the same ``plugin_utils.rollout_budget.decide`` the
+``rollout_step`` action calls in ``playbooks/rollout.yml``, with its defaults, over virtual
+nodes. The others are reproduced from their documented behaviour:
+
+* ``previous``: this collection's earlier defaults: golden ``serial: 1``, canary ``[1, "100%"]``,
+  waves ``[1, "5%", "25%", "100%"]`` (cut as ansible-core cuts them, ``module_utils.schedule``),
+  ``max_fail_percentage: 0`` (the first failed node stops everything), a soak after each golden
+  and canary batch (600 s) and wave batch (300 s); a batch waits for its slowest node;
+* ``gpu_operator``: NVIDIA GPU Operator's upgrade controller defaults, ``maxParallelUpgrades: 1``
+  and ``maxUnavailable: 25%`` of the cluster; a failed upgrade marks its node and the controller
+  goes on; no stages;
+* ``kubespray``: ``serial: 20%`` of the fleet, a batch waits for its slowest node, a failed node
+  is left out and the play goes on; no stages.
+
+The fleet: ``--nodes`` nodes of 8 GPUs in five classes (40 / 25 / 15 / 12 / 8 %), one golden
+node per class and a canary pool of 1 % of each class (at least one). A transaction is a drain
+(90 %: log-normal, median 6 min; 10 %: a long job, log-normal, median 45 min, p99 3 h) and the work after
+it (install, reboot, verify: log-normal, median 12 min); median about 20 min. Unrelated node
+failures strike any node at any time at the Llama 3 405B rate (419 interruptions in 54 days on
+16,384 H100: 4.74e-4 per GPU-day), with the signatures in the proportions that run reported; a
+node struck in its transaction fails its verification (the rollout cannot tell it from the
+driver), a node struck outside one is out of service until repaired (log-normal, median 24 h).
+A bad driver fails a given fraction of nodes at verification with one signature (Xid 119).
+
+Each scenario runs ``--runs`` seeds: no bad driver; a driver that breaks every node; a driver
+that breaks 2 % of nodes. ``--json`` prints one object: ``{"nodes", "runs", "policies": {name:
+{completion_h, capacity_floor_h, completion_over_floor, max_out_of_service_pct, budget_pct,
+false_stops, bad_all_wave_nodes_touched, bad_2pct_failed_total, ...}}}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import math
+import multiprocessing
+import os
+import random
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import schedule  # noqa: E402
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget  # noqa: E402
+
+CLASSES = (("gpu_h100", 0.40), ("gpu_a100", 0.25), ("gpu_h200", 0.15), ("gpu_l40s", 0.12), ("gpu_b200", 0.08))
+GPUS_PER_NODE = 8
+#: Llama 3 405B pre-training: 419 unexpected interruptions in 54 days on 16,384 H100 GPUs.
+FAILURES_PER_GPU_DAY = 419.0 / (54 * 16384)
+#: Root causes of those interruptions (share of 419), as signatures the facts would show.
+SIGNATURES = (
+    ("gpu_unreadable", 0.301),   # faulty GPU
+    ("xid 48", 0.172),           # HBM3 memory (double-bit ECC)
+    ("software", 0.129),
+    ("network", 0.084 + 0.017),  # switch / cable, NIC
+    ("host", 0.076),             # unplanned host maintenance
+    ("xid 94", 0.045),           # SRAM
+    ("xid 119", 0.041),          # GPU system processor (GSP)
+    ("watchdog", 0.017),
+    ("xid 63", 0.014),           # silent data corruption found by checks
+    ("other", 0.104),
+)
+BAD_SIGNATURE = "xid 79"
+POLL_S = 60.0           # a step decides at most once a minute
+SOAK_S = 600.0
+WAVE_SOAK_S = 300.0     # the previous defaults' soak after each wave batch
+
+
+def _lognormal(rng, median_s, sigma):
+    return median_s * math.exp(rng.gauss(0.0, sigma))
+
+
+def _signature(rng):
+    pick = rng.random() * sum(share for _name, share in SIGNATURES)
+    for name, share in SIGNATURES:
+        pick -= share
+        if pick <= 0:
+            return name
+    return SIGNATURES[-1][0]
+
+
+class Fleet(object):
+    """Virtual nodes, their transaction times and the failures that will strike them."""
+
+    def __init__(self, size, seed, bad_fraction):
+        rng = random.Random(seed)
+        self.rng = rng
+        self.nodes = []
+        for klass, share in CLASSES:
+            count = max(1, int(round(size * share)))
+            canary = max(1, count // 100)
+            for index in range(count):
+                stage = "golden" if index == 0 else "canary" if index <= canary else "waves"
+                long_drain = rng.random() < 0.10
+                drain = _lognormal(rng, 2700.0, 0.6) if long_drain else _lognormal(rng, 360.0, 0.8)
+                self.nodes.append({
+                    "name": "%s-%05d" % (klass, index), "class": klass, "stage": stage, "status": "pending",
+                    "drain_s": drain, "work_s": _lognormal(rng, 720.0, 0.3),
+                    "bad": rng.random() < bad_fraction,
+                })
+        # Order: golden, canary, waves; classes interleaved within a stage (inventory order).
+        order = {"golden": 0, "canary": 1, "waves": 2}
+        self.nodes.sort(key=lambda n: (order[n["stage"]], int(n["name"][-5:]), n["class"]))
+        self.by_name = dict((n["name"], n) for n in self.nodes)
+        self.rate_per_s = FAILURES_PER_GPU_DAY * GPUS_PER_NODE / 86400.0
+
+    def mean_transaction_s(self):
+        return statistics.fmean(n["drain_s"] + n["work_s"] for n in self.nodes)
+
+    def class_sizes(self):
+        sizes = {}
+        for node in self.nodes:
+            sizes[node["class"]] = sizes.get(node["class"], 0) + 1
+        return sizes
+
+
+class Run(object):
+    """One rollout of one policy over one fleet: an event loop in simulated seconds."""
+
+    def __init__(self, fleet, policy):
+        self.fleet = fleet
+        self.policy = policy
+        self.now = 0.0
+        self.events = []
+        self.seq = 0
+        self.max_oos = {}
+        self.started_waves = 0
+        self.stopped = None
+        self.unavailable = set()
+        self.pending = [n["name"] for n in fleet.nodes]
+        for node in fleet.nodes:
+            self._schedule(fleet.rng.expovariate(fleet.rate_per_s), "strike", node["name"])
+
+    def _touch(self, node):
+        if node["status"] in ("in_flight", "failed") or node.get("out_of_service"):
+            self.unavailable.add(node["name"])
+        else:
+            self.unavailable.discard(node["name"])
+
+    def _schedule(self, when, kind, name=None):
+        self.seq += 1
+        heapq.heappush(self.events, (when, self.seq, kind, name))
+
+    def start(self, name):
+        node = self.fleet.by_name[name]
+        node["status"] = "in_flight"
+        node["struck"] = False
+        node["draining"] = True
+        if node["stage"] == "waves":
+            self.started_waves += 1
+        self._touch(node)
+        self._schedule(self.now + node["drain_s"], "drained", name)
+        soak = self.policy.node_soak_s(node["stage"])
+        self._schedule(self.now + node["drain_s"] + node["work_s"] + soak, "end", name)
+
+    def _end(self, node):
+        if node["bad"] or node.get("struck"):
+            node["status"] = "failed"
+            node["signature"] = BAD_SIGNATURE if node["bad"] else node["struck_signature"]
+            node["implicates_driver"] = True
+        else:
+            node["status"] = "done"
+        node["finished_at"] = self.now
+        self._touch(node)
+
+    def sample(self):
+        """The most of any class out of service right after the rollout chose."""
+        counts = {}
+        for node in self.fleet.nodes:
+            if node["status"] in ("in_flight", "failed") or node.get("out_of_service"):
+                counts[node["class"]] = counts.get(node["class"], 0) + 1
+        for klass, size in self.fleet.class_sizes().items():
+            pct = 100.0 * counts.get(klass, 0) / size
+            self.max_oos[klass] = max(self.max_oos.get(klass, 0.0), pct)
+
+    def go(self, horizon_s=400 * 86400.0):
+        self.policy.begin(self)
+        while self.events:
+            when, _seq, kind, name = heapq.heappop(self.events)
+            if when > horizon_s:
+                break
+            self.now = when
+            node = self.fleet.by_name.get(name)
+            if kind == "end":
+                self._end(node)
+            elif kind == "drained":
+                node["draining"] = False
+            elif kind == "strike":
+                if node["status"] == "in_flight":
+                    node["struck"] = True
+                    node["struck_signature"] = _signature(self.fleet.rng)
+                elif not node.get("out_of_service"):
+                    node["out_of_service"] = True
+                    self._schedule(self.now + _lognormal(self.fleet.rng, 86400.0, 1.0), "repair", name)
+                self._schedule(self.now + self.fleet.rng.expovariate(self.fleet.rate_per_s), "strike", name)
+            elif kind == "repair":
+                node["out_of_service"] = False
+            if node is not None:
+                self._touch(node)
+            if self.policy.step(self, kind):
+                break
+        return self.result()
+
+    def result(self):
+        failed = len([n for n in self.fleet.nodes if n["status"] == "failed"])
+        return {"completion_s": self.policy.done_at, "stopped": self.stopped, "failed": failed,
+                "waves_started": self.started_waves, "max_oos_pct": max(self.max_oos.values() or [0.0])}
+
+
+class BudgetPolicy(object):
+    """This collection's rollout: ``rollout_budget.decide`` at most once per POLL_S, on events."""
+
+    name = "default"
+
+    def __init__(self, options=None):
+        self.options = rollout_budget.normalize_options(options or {})
+        self.next_decision = 0.0
+        self.done_at = None
+        self.pending_tick = False
+
+    def budget_pct(self):
+        kind, value = self.options["max_unavailable"]
+        return value if kind == "percent" else None
+
+    def slots(self, size):
+        return rollout_budget.amount_of(self.options["max_unavailable"], size)
+
+    def soak_s(self):
+        return 2 * SOAK_S
+
+    def node_soak_s(self, stage):
+        """A golden or canary node soaks (and is checked again) before its transaction ends."""
+        return SOAK_S if stage in ("golden", "canary") else 0.0
+
+    def begin(self, run):
+        run._schedule(0.0, "tick")
+
+    def step(self, run, kind):
+        if run.now < self.next_decision:
+            if not self.pending_tick:
+                self.pending_tick = True
+                run._schedule(self.next_decision, "tick")
+            return False
+        if kind == "tick":
+            self.pending_tick = False
+        self.next_decision = run.now + POLL_S
+        decision = rollout_budget.decide(run.fleet.nodes, self.options)
+        if decision["action"] == "stop":
+            if run.stopped is None:
+                run.stopped = decision["stop"]["reason"]
+            return not decision["in_flight"]
+        if decision["action"] == "done":
+            self.done_at = run.now
+            return True
+        for name in decision["start"]:
+            run.start(name)
+        if decision["start"]:
+            run.sample()
+        return False
+
+
+class BatchPolicy(object):
+    """Sequential batches (Ansible ``serial``): a batch waits for its slowest node."""
+
+    def __init__(self, name, stages, stop_on_failure, soak):
+        self.name = name
+        self.stages = stages          # [(stage names, serial)]
+        self.stop_on_failure = stop_on_failure
+        self.soak = soak              # {stage: seconds after each batch}
+        self.done_at = None
+        self.batches = None
+        self.current = None
+        self.waiting_soak = False
+
+    def budget_pct(self):
+        return None
+
+    def slots(self, size):
+        return None
+
+    def soak_s(self):
+        return 2 * self.soak.get("golden", 0.0) if self.soak else 0.0
+
+    def node_soak_s(self, stage):
+        return 0.0
+
+    def begin(self, run):
+        self.batches = []
+        for stage_names, serial in self.stages:
+            hosts = [n["name"] for n in run.fleet.nodes if n["stage"] in stage_names]
+            start = 0
+            for size in schedule.serial_batches(serial, len(hosts)):
+                self.batches.append((stage_names[0], hosts[start:start + size]))
+                start += size
+        run._schedule(0.0, "tick")
+
+    def step(self, run, kind):
+        nodes = run.fleet.by_name
+        if self.current is not None:
+            stage, batch = self.current
+            if any(nodes[name]["status"] == "in_flight" for name in batch):
+                return False
+            if self.stop_on_failure and any(nodes[name]["status"] == "failed" for name in batch):
+                run.stopped = "a node failed (max_fail_percentage 0)"
+                return True
+            if not self.waiting_soak and self.soak.get(stage):
+                self.waiting_soak = True
+                run._schedule(run.now + self.soak[stage], "soak")
+                return False
+            if self.waiting_soak and kind != "soak":
+                return False
+            self.waiting_soak = False
+            self.current = None
+        while self.batches:
+            stage, batch = self.batches.pop(0)
+            startable = [name for name in batch if nodes[name]["status"] == "pending"
+                         and not nodes[name].get("out_of_service")]
+            if not startable:
+                continue
+            self.current = (stage, startable)
+            for name in startable:
+                run.start(name)
+            run.sample()
+            return False
+        self.done_at = run.now
+        return True
+
+
+class OperatorPolicy(object):
+    """GPU Operator upgrade controller: maxParallelUpgrades at once while unavailable < maxUnavailable."""
+
+    name = "gpu_operator"
+
+    def __init__(self, parallel=1, max_unavailable_pct=25.0):
+        self.parallel = parallel
+        self.max_unavailable_pct = max_unavailable_pct
+        self.done_at = None
+
+    def budget_pct(self):
+        return self.max_unavailable_pct
+
+    def slots(self, size):
+        return None
+
+    def soak_s(self):
+        return 0.0
+
+    def node_soak_s(self, stage):
+        return 0.0
+
+    def begin(self, run):
+        run._schedule(0.0, "tick")
+
+    def step(self, run, kind):
+        by_name = run.fleet.by_name
+        run.pending = [name for name in run.pending if by_name[name]["status"] == "pending"]
+        upgrading = len([name for name in run.unavailable if by_name[name]["status"] == "in_flight"])
+        limit = int(self.max_unavailable_pct / 100.0 * len(by_name))
+        startable = [name for name in run.pending if not by_name[name].get("out_of_service")]
+        if not startable and not upgrading:
+            self.done_at = run.now
+            return True
+        started = False
+        for name in startable:
+            if upgrading >= self.parallel or len(run.unavailable) >= limit:
+                break
+            run.start(name)
+            upgrading += 1
+            started = True
+        if started:
+            run.sample()
+        return False
+
+
+def policies():
+    return [
+        BudgetPolicy(),
+        BatchPolicy("previous", [(("golden",), 1), (("canary",), [1, "100%"]), (("waves",), [1, "5%", "25%", "100%"])],
+                    True, {"golden": SOAK_S, "canary": SOAK_S, "waves": WAVE_SOAK_S}),
+        OperatorPolicy(),
+        BatchPolicy("kubespray", [(("golden", "canary", "waves"), "20%")], False, {}),
+    ]
+
+
+def _one(args):
+    index, size, seed, bad = args
+    policy = policies()[index]
+    fleet = Fleet(size, seed, bad)
+    return index, bad, fleet.mean_transaction_s(), fleet.class_sizes(), Run(fleet, policy).go()
+
+
+def capacity_floor_h(policy, sizes, mean_s):
+    """Per class: nodes x mean transaction time / concurrent slots, the largest, plus the soaks."""
+    worst = 0.0
+    total = sum(sizes.values())
+    for klass, size in sizes.items():
+        slots = policy.slots(size)
+        if slots is None:
+            if policy.name == "gpu_operator":
+                slots = size * policy.parallel / float(total)
+            elif policy.name == "kubespray":
+                slots = size * 0.20
+            else:
+                slots = size * max(schedule.serial_batches([1, "5%", "25%", "100%"], total)) / float(total)
+        worst = max(worst, size * mean_s / max(slots, 1e-9))
+    return (worst + policy.soak_s()) / 3600.0
+
+
+def simulate(size, runs, processes):
+    jobs = []
+    for index in range(len(policies())):
+        for run in range(runs):
+            for bad in (0.0, 1.0, 0.02):
+                jobs.append((index, size, 1000 + run, bad))
+    with multiprocessing.Pool(processes) as pool:
+        results = pool.map(_one, jobs, chunksize=1)
+    out = {}
+    for index, policy in enumerate(policies()):
+        mine = [r for r in results if r[0] == index]
+        clean = [r for r in mine if r[1] == 0.0]
+        completions = [r[4]["completion_s"] / 3600.0 for r in clean if r[4]["completion_s"] is not None]
+        mean_s = statistics.fmean(r[2] for r in clean)
+        floor = capacity_floor_h(policy, clean[0][3], mean_s)
+        completion = statistics.median(completions) if completions else None
+        out[policy.name] = {
+            "completion_h": round(completion, 2) if completion is not None else None,
+            "completed_runs": len(completions),
+            "capacity_floor_h": round(floor, 2),
+            "completion_over_floor": round(completion / floor, 2) if completion is not None else None,
+            "max_out_of_service_pct": round(max(r[4]["max_oos_pct"] for r in mine), 2),
+            "budget_pct": policy.budget_pct(),
+            "false_stops": len([r for r in clean if r[4]["stopped"]]),
+            "false_stop_reasons": sorted(set(r[4]["stopped"] for r in clean if r[4]["stopped"])),
+            "bad_all_wave_nodes_touched": max(r[4]["waves_started"] for r in mine if r[1] == 1.0),
+            "bad_2pct_failed_total": max(r[4]["failed"] for r in mine if r[1] == 0.02),
+            "bad_2pct_stopped_runs": len([r for r in mine if r[1] == 0.02 and r[4]["stopped"]]),
+            "clean_failed_median": statistics.median(r[4]["failed"] for r in clean),
+        }
+    return {"nodes": size, "runs": runs, "classes": dict(CLASSES), "mean_transaction_min": round(mean_s / 60.0, 1),
+            "failures_per_gpu_day": FAILURES_PER_GPU_DAY, "policies": out}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--nodes", type=int, default=10000)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = simulate(args.nodes, args.runs, args.processes)
+    if args.json:
+        print(json.dumps(result, indent=1, sort_keys=True))
+        return 0
+    print("%d nodes, %d runs per scenario, mean transaction %.1f min"
+          % (args.nodes, args.runs, result["mean_transaction_min"]))
+    for name, row in result["policies"].items():
+        print("%-13s %s" % (name, json.dumps(row, sort_keys=True)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

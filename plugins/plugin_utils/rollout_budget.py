@@ -1,0 +1,391 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Which nodes a rollout step may start now: capacity budgets, failure budgets, stop reasons.
+
+A rollout is a sequence of steps; each step reads the fleet's state and asks :func:`decide`
+which nodes to start. The same function runs in the playbook (``rollout_step`` action) and in
+the fleet-scale simulation (``benchmarks/rollout/simulate.py``), so what is measured there is
+what runs.
+
+The rules (docs/rollout.md):
+
+* **Stages in order, per GPU class.** A class's golden nodes first, then, once they have
+  passed (a golden or canary node's transaction ends with its soak and the check after it), its
+  canary pool, then its waves. A failure in a golden or canary stage stops the rollout (zero
+  tolerance).
+* **Capacity budget per GPU class** (``max_unavailable``: a count or a percentage of the class,
+  at least 1): nodes of the class out of service at once — in a transaction, quarantined by
+  this rollout, or out by someone else's doing (drained, down, unreachable) — never exceed it.
+  Optionally also per failure domain (``max_unavailable_domain``, of the domain's size).
+* **A window that widens** (slow start): in the canary pool and the waves a class has at most
+  ``window_initial + window_growth x (nodes of the class verified in this rollout so far)``
+  transactions at once, so a driver that breaks only some nodes meets its stop before many are
+  in flight.
+* **Failure budget.** A wave node that fails is quarantined and the rollout goes on. It stops
+  when the failures of a class that happened after the new driver was installed exceed
+  ``failure_budget`` (count or percentage of the class), or when ``signature_limit`` nodes
+  failed with one signature on one target version (the driver is implicated). Failures before
+  the install (drain timeouts, preflight) quarantine the node but implicate nothing.
+
+Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+STAGES = ("golden", "canary", "waves")
+_RANK = {"golden": 0, "canary": 1, "waves": 2}
+
+#: Node states a step reads (``status`` of :func:`decide`'s nodes). Apart from its status, a
+#: node may be ``out_of_service`` by someone else's doing (drained, down, unreachable).
+STATUSES = ("pending", "in_flight", "done", "failed", "refused")
+
+#: Stop codes of :func:`decide` (``stop.code``).
+STOP_CODES = {
+    "stage_failure": "a golden or canary node failed (zero tolerance)",
+    "failure_budget": "the failures of a class exceeded its failure budget",
+    "driver_implicated": "several nodes failed with the same signature on the same target",
+}
+
+DEFAULTS = {
+    "max_unavailable": "10%",
+    "max_unavailable_domain": None,
+    "failure_budget": "1%",
+    "signature_limit": 2,
+    "window_initial": 1,
+    "window_growth": 2,
+}
+
+_PCT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_COUNT = re.compile(r"^\s*(\d+)\s*$")
+
+
+def parse_amount(value: Any, name: str, allow_zero: bool = False) -> Tuple[str, float]:
+    """Read a count or a percentage as given in an extra var or group_vars.
+
+    :param value: ``3``, ``"3"``, ``"10%"``, ``"2.5%"`` (extra vars arrive as text).
+    :param name: the variable's name, for the error message.
+    :param allow_zero: whether ``0`` / ``"0%"`` is allowed (a failure budget may be 0).
+    :returns: ``("count", n)`` or ``("percent", p)``.
+    :raises ValueError: for a negative, zero (unless allowed), fractional count, a percentage
+        over 100, or text that is neither; the message names the variable and the value.
+    """
+    if isinstance(value, bool) or value is None:
+        raise ValueError("%s must be a count or a percentage such as 10%%, got %r" % (name, value))
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and (math.isnan(value) or not value.is_integer()):
+            raise ValueError("%s must be a whole count or a percentage such as 10%%, got %r" % (name, value))
+        text = str(int(value))
+    else:
+        text = str(value)
+    match = _PCT.match(text)
+    if match:
+        pct = float(match.group(1))
+        if pct > 100:
+            raise ValueError("%s must be at most 100%%, got %r" % (name, value))
+        if pct == 0 and not allow_zero:
+            raise ValueError("%s must be more than 0%%, got %r" % (name, value))
+        return "percent", pct
+    match = _COUNT.match(text)
+    if match:
+        count = int(match.group(1))
+        if count == 0 and not allow_zero:
+            raise ValueError("%s must be at least 1, got %r" % (name, value))
+        return "count", float(count)
+    raise ValueError("%s must be a count (at least %d) or a percentage such as 10%%, got %r"
+                     % (name, 0 if allow_zero else 1, value))
+
+
+def amount_of(amount: Tuple[str, float], size: int, minimum: int = 1) -> int:
+    """An amount from :func:`parse_amount` applied to a group of ``size`` nodes.
+
+    A percentage is rounded down and is at least ``minimum``; a count is capped at ``size``
+    (at least ``minimum``). ``amount_of(("percent", 10), 25)`` → 2.
+    """
+    kind, value = amount
+    if kind == "percent":
+        count = int(math.floor(value / 100.0 * size + 1e-9))
+    else:
+        count = int(value)
+    return max(minimum, min(count, size)) if size else max(minimum, 0)
+
+
+def _non_negative_number(value: Any, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("%s must be a number, got %r" % (name, value))
+    if math.isnan(number) or math.isinf(number) or number < 0:
+        raise ValueError("%s must be a number, 0 or more, got %r" % (name, value))
+    return number
+
+
+def _positive_int(value: Any, name: str) -> int:
+    text = str(value).strip() if not isinstance(value, bool) else ""
+    if not _COUNT.match(text) or int(text) < 1:
+        raise ValueError("%s must be a whole number, at least 1, got %r" % (name, value))
+    return int(text)
+
+
+def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """Validate and normalise the budget options (missing ones take :data:`DEFAULTS`).
+
+    :param options: ``{"max_unavailable", "max_unavailable_domain", "failure_budget",
+        "signature_limit", "window_initial", "window_growth"}``; values may be text (extra vars).
+    :returns: the same keys with amounts as :func:`parse_amount` tuples and numbers as numbers.
+    :raises ValueError: naming the first bad value, or an option that does not exist.
+    """
+    raw = dict(DEFAULTS)
+    raw.update(dict((k, v) for k, v in (options or {}).items() if v is not None and v != ""))
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ValueError("unknown budget options: %s" % ", ".join(unknown))
+    out = {
+        "max_unavailable": parse_amount(raw["max_unavailable"], "rollout_max_unavailable"),
+        "max_unavailable_domain": (parse_amount(raw["max_unavailable_domain"], "rollout_max_unavailable_domain")
+                                   if raw.get("max_unavailable_domain") not in (None, "") else None),
+        "failure_budget": parse_amount(raw["failure_budget"], "rollout_failure_budget", allow_zero=True),
+        "signature_limit": _positive_int(raw["signature_limit"], "rollout_signature_limit"),
+        "window_initial": _positive_int(raw["window_initial"], "rollout_window_initial"),
+        "window_growth": _non_negative_number(raw["window_growth"], "rollout_window_growth"),
+    }
+    return out
+
+
+def failure_signature(record: Mapping[str, Any]) -> Dict[str, Any]:
+    """The signature of a failed node's record, and whether it implicates the driver.
+
+    :param record: a rollout report record (``result``, ``flags``, ``new_fatal_xids``,
+        ``marks`` (epoch seconds per phase), ``reason``, ``target.version``).
+    :returns: ``{"signature": "xid 79" | "<flag>" | "<failed phase>", "implicates_driver": bool}``.
+        A new fatal Xid names the signature (the lowest Xid number); otherwise the verdict's
+        first flag other than ``transaction_failed``; otherwise the phase the transaction failed
+        in. A failure before the driver was installed (no ``installed`` mark) implicates nothing.
+    """
+    marks = record.get("marks") or {}
+    xids = sorted((record.get("new_fatal_xids") or {}).keys(), key=lambda x: int(x) if str(x).isdigit() else 1 << 30)
+    flags = [f for f in (record.get("flags") or []) if f != "transaction_failed"]
+    if xids:
+        signature = "xid %s" % xids[0]
+    elif flags:
+        signature = flags[0]
+    else:
+        phase = "install"
+        for name in ("rebooted", "installed", "snapshot", "drained"):
+            if name in marks:
+                phase = {"rebooted": "verify", "installed": "reboot", "snapshot": "install", "drained": "snapshot"}[name]
+                break
+        else:
+            phase = "drain"
+        signature = "%s failed" % phase
+    return {"signature": signature, "implicates_driver": "installed" in marks or "snapshot" in marks}
+
+
+def _class_sizes(nodes: Sequence[Mapping[str, Any]], key: str) -> Dict[Any, int]:
+    sizes = {}  # type: Dict[Any, int]
+    for node in nodes:
+        value = node.get(key)
+        if value is not None:
+            sizes[value] = sizes.get(value, 0) + 1
+    return sizes
+
+
+def _out_of_service(node: Mapping[str, Any]) -> bool:
+    return node.get("status") in ("in_flight", "failed") or bool(node.get("out_of_service"))
+
+
+def budgets(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """Per class: size, capacity budget, out of service now, free slots, failures and their budget.
+
+    :param nodes: as for :func:`decide`.
+    :param options: from :func:`normalize_options`.
+    :returns: ``{class: {"nodes", "max_unavailable", "out_of_service", "free", "in_flight",
+        "failed", "failed_after_install", "failure_budget", "verified": {stage: n}}}``; ``free``
+        is ``max_unavailable - out_of_service`` (at least 0) before this step's starts.
+    """
+    out = {}  # type: Dict[str, Dict[str, Any]]
+    for node in nodes:
+        klass = node["class"]
+        row = out.get(klass)
+        if row is None:
+            row = out[klass] = {"nodes": 0, "out_of_service": 0, "in_flight": 0, "failed": 0,
+                                "failed_after_install": 0, "verified": {"golden": 0, "canary": 0, "waves": 0}}
+        row["nodes"] += 1
+        status = node.get("status")
+        if status in ("in_flight", "failed") or node.get("out_of_service"):
+            row["out_of_service"] += 1
+        if status == "in_flight":
+            row["in_flight"] += 1
+        elif status == "failed":
+            row["failed"] += 1
+            if node.get("implicates_driver"):
+                row["failed_after_install"] += 1
+        elif status == "done" and node.get("changed", True):
+            stage = node.get("stage") or "waves"
+            row["verified"][stage] = row["verified"].get(stage, 0) + 1
+    for row in out.values():
+        row["max_unavailable"] = amount_of(options["max_unavailable"], row["nodes"])
+        row["failure_budget"] = amount_of(options["failure_budget"], row["nodes"], minimum=0)
+        row["free"] = max(0, row["max_unavailable"] - row["out_of_service"])
+    return out
+
+
+def _stop(code: str, reason: str, **extra: Any) -> Dict[str, Any]:
+    out = {"code": code, "reason": reason}
+    out.update(extra)
+    return out
+
+
+def stop_reason(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
+                rows: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Optional[Dict[str, Any]]:
+    """Why the rollout must stop now, or ``None``.
+
+    :returns: ``{"code" (a :data:`STOP_CODES` key), "reason" (a sentence), "nodes": [names],
+        "class"?, "signature"?, "target"?}``. Checked in order: a golden / canary failure, a
+        repeated signature on one target, a class over its failure budget.
+    """
+    rows = rows if rows is not None else budgets(nodes, options)
+    failed = [n for n in nodes if n.get("status") == "failed"]
+    if not failed:
+        return None
+    early = [n for n in failed if n.get("stage") in ("golden", "canary")]
+    if early:
+        first = early[0]
+        reason = "%s node %s failed: %s" % (first["stage"], first["name"], first.get("signature") or "failed")
+        return _stop("stage_failure", reason, nodes=[n["name"] for n in early])
+    by_signature = {}  # type: Dict[Tuple[str, str], List[str]]
+    for node in failed:
+        if node.get("implicates_driver") and node.get("signature"):
+            key = (str(node.get("target") or ""), str(node["signature"]))
+            by_signature.setdefault(key, []).append(node["name"])
+    for (target, signature), names in sorted(by_signature.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        if len(names) >= options["signature_limit"]:
+            return _stop("driver_implicated", "driver implicated: %d nodes failed with %s after the install%s"
+                         % (len(names), signature, (" of %s" % target) if target else ""),
+                         nodes=names, signature=signature, target=target or None)
+    for klass in sorted(rows):
+        row = rows[klass]
+        if row["failed_after_install"] > row["failure_budget"]:
+            names = [n["name"] for n in failed if n["class"] == klass and n.get("implicates_driver")]
+            return _stop("failure_budget", "failure budget of class %s exceeded: %d nodes failed after the install "
+                         "(budget %d of %d nodes)" % (klass, row["failed_after_install"], row["failure_budget"],
+                                                      row["nodes"]), nodes=names, **{"class": klass})
+    return None
+
+
+def stage_gates(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+    """The stage open for each class now.
+
+    A class moves golden → canary → waves on its own: its canary pool opens when its golden
+    nodes have passed (their transaction includes the soak and its check), its waves when its
+    canary pool has. A node out of service, or still waiting for its drain (``draining``:
+    nothing was installed yet, so it has proven nothing), holds no stage open, and once a
+    later stage of a class has started, an earlier one does not close it again.
+    :returns: ``{class: "golden" | "canary" | "waves"}``.
+    """
+    open_stages = {}  # type: Dict[str, set]
+    reached = {}  # type: Dict[str, int]
+    for node in nodes:
+        klass = node["class"]
+        stage = node.get("stage")
+        status = node.get("status")
+        if status != "pending":
+            reached[klass] = max(reached.get(klass, 0), _RANK.get(stage, 2))
+        else:
+            reached.setdefault(klass, 0)
+        if stage in ("golden", "canary") and (
+                (status == "pending" and not node.get("out_of_service"))
+                or (status == "in_flight" and not node.get("draining"))):
+            open_stages.setdefault(klass, set()).add(stage)
+    out = {}
+    for klass in reached:
+        out[klass] = "waves"
+        for stage in ("golden", "canary"):
+            if _RANK[stage] >= reached[klass] and stage in open_stages.get(klass, ()):
+                out[klass] = stage
+                break
+    return out
+
+
+def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
+           candidates: Optional[Iterable[str]] = None, limit: Optional[int] = None) -> Dict[str, Any]:
+    """Decide the next step of a rollout: which nodes to start now, or why to wait or stop.
+
+    :param nodes: every node of the rollout, in priority order (inventory order within a stage),
+        each ``{"name", "class", "stage" (golden | canary | waves), "status" (:data:`STATUSES`),
+        "out_of_service"?: bool (drained, down or unreachable by someone else's doing: counts
+        against the budget, is not started), "draining"?: bool (in flight, still waiting for its
+        drain: it keeps its slot and holds no stage open), "domain"?: failure domain, "finished_at"?: epoch s,
+        "changed"?: False for a node that was already on target, "signature"?,
+        "implicates_driver"?: bool, "target"?: version}``.
+    :param options: from :func:`normalize_options`.
+    :param candidates: names this step may start (the step's hosts); ``None``: any.
+    :param limit: start at most this many (the controller's free workers); ``None``: no limit.
+    :returns: ``{"action": "start" | "wait" | "done" | "stop", "start": [names], "stages":
+        {class: the stage open for it (:func:`stage_gates`)}, "stop": :func:`stop_reason`
+        | None, "budgets": :func:`budgets`, "quarantined": [failed nodes], "deferred": [nodes
+        still to do that are out of service], "in_flight": n}``. ``done``: nothing is running
+        and nothing is left that can start now (``deferred`` lists what waits for its node).
+    """
+    rows = budgets(nodes, options)
+    stop = stop_reason(nodes, options, rows)
+    quarantined = [n["name"] for n in nodes if n.get("status") == "failed"]
+    deferred = [n["name"] for n in nodes if n.get("status") == "pending" and n.get("out_of_service")]
+    in_flight = sum(row["in_flight"] for row in rows.values())
+    result = {"action": "wait", "start": [], "stages": {}, "stop": stop, "budgets": rows,
+              "quarantined": quarantined, "deferred": deferred, "in_flight": in_flight}
+    if stop is not None:
+        result["action"] = "stop"
+        return result
+    startable = [n for n in nodes if n.get("status") == "pending" and not n.get("out_of_service")]
+    if not startable and not in_flight:
+        result["action"] = "done"
+        return result
+    gates = stage_gates(nodes)
+    result["stages"] = gates
+    if not startable:
+        return result
+    allowed = set(candidates) if candidates is not None else None
+    domain_free = {}  # type: Dict[Any, int]
+    if options.get("max_unavailable_domain") is not None:
+        sizes = _class_sizes(nodes, "domain")
+        busy = _class_sizes([n for n in nodes if _out_of_service(n)], "domain")
+        for domain, size in sizes.items():
+            domain_free[domain] = amount_of(options["max_unavailable_domain"], size) - busy.get(domain, 0)
+    window = {}
+    for klass, row in rows.items():
+        stage = gates[klass]
+        if stage == "golden":
+            window[klass] = row["free"]
+        else:
+            verified = (row["verified"].get("golden", 0) + row["verified"].get("canary", 0)
+                        + (row["verified"].get("waves", 0) if stage == "waves" else 0))
+            window[klass] = max(0, int(options["window_initial"] + options["window_growth"] * verified)
+                                - row["in_flight"])
+    free = dict((klass, row["free"]) for klass, row in rows.items())
+    chosen = []
+    for node in startable:
+        if _RANK.get(node.get("stage"), 2) > _RANK[gates[node["class"]]]:
+            continue
+        if allowed is not None and node["name"] not in allowed:
+            continue
+        if limit is not None and len(chosen) >= limit:
+            break
+        klass = node["class"]
+        if free[klass] <= 0 or window[klass] <= 0:
+            continue
+        domain = node.get("domain")
+        if domain in domain_free and domain_free[domain] <= 0:
+            continue
+        chosen.append(node["name"])
+        free[klass] -= 1
+        window[klass] -= 1
+        if domain in domain_free:
+            domain_free[domain] -= 1
+    result["start"] = chosen
+    result["action"] = "start" if chosen else "wait"
+    return result

@@ -1,0 +1,220 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Budgets, windows, stage gates and stop reasons of a rollout step (plugin_utils.rollout_budget)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget as rb
+
+OPTIONS = rb.normalize_options({})
+
+
+def fleet(counts, golden=1, canary=1):
+    """Nodes in priority order: per class golden, canary, then waves."""
+    nodes = []
+    for klass, count in counts.items():
+        for index in range(count):
+            stage = "golden" if index < golden else "canary" if index < golden + canary else "waves"
+            nodes.append({"name": "%s-%02d" % (klass, index), "class": klass, "stage": stage, "status": "pending"})
+    order = {"golden": 0, "canary": 1, "waves": 2}
+    return sorted(nodes, key=lambda n: order[n["stage"]])
+
+
+def by_name(nodes):
+    return dict((n["name"], n) for n in nodes)
+
+
+@pytest.mark.parametrize("value,expected", [
+    (3, ("count", 3.0)), ("3", ("count", 3.0)), ("10%", ("percent", 10.0)), (" 2.5% ", ("percent", 2.5)),
+    ("100%", ("percent", 100.0)),
+])
+def test_parse_amount(value, expected):
+    assert rb.parse_amount(value, "rollout_max_unavailable") == expected
+
+
+@pytest.mark.parametrize("value,words", [
+    (0, "at least 1"), ("0", "at least 1"), ("-1", "rollout_max_unavailable"), ("-50%", "-50%"),
+    ("0%", "more than 0%"), ("101%", "at most 100%"), ("all", "'all'"), (True, "True"), (1.5, "whole"),
+    (None, "None"),
+])
+def test_parse_amount_refuses_with_the_value_named(value, words):
+    with pytest.raises(ValueError) as err:
+        rb.parse_amount(value, "rollout_max_unavailable")
+    assert "rollout_max_unavailable" in str(err.value) and words in str(err.value)
+
+
+def test_failure_budget_may_be_zero_and_options_are_checked():
+    assert rb.parse_amount("0", "rollout_failure_budget", allow_zero=True) == ("count", 0.0)
+    opts = rb.normalize_options({"max_unavailable": "25%", "signature_limit": "3", "window_growth": "0"})
+    assert opts["max_unavailable"] == ("percent", 25.0) and opts["signature_limit"] == 3
+    assert opts["window_growth"] == 0.0
+    with pytest.raises(ValueError, match="rollout_signature_limit must be a whole number, at least 1, got '0'"):
+        rb.normalize_options({"signature_limit": "0"})
+    with pytest.raises(ValueError, match="rollout_window_growth must be a number, 0 or more, got 'nan'"):
+        rb.normalize_options({"window_growth": "nan"})
+    with pytest.raises(ValueError, match="unknown budget options: max_unavailble"):
+        rb.normalize_options({"max_unavailble": "5%"})
+
+
+def test_amount_of_rounds_down_and_keeps_at_least_one():
+    assert rb.amount_of(("percent", 10.0), 25) == 2
+    assert rb.amount_of(("percent", 10.0), 4) == 1
+    assert rb.amount_of(("count", 50.0), 4) == 4
+    assert rb.amount_of(("percent", 1.0), 40, minimum=0) == 0
+
+
+def test_golden_first_then_canary_then_waves_per_class():
+    nodes = fleet({"gpu_h100": 20, "gpu_a100": 20})
+    first = rb.decide(nodes, OPTIONS)
+    assert first["action"] == "start" and first["start"] == ["gpu_h100-00", "gpu_a100-00"]
+    assert first["stages"] == {"gpu_h100": "golden", "gpu_a100": "golden"}
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "in_flight"
+    named["gpu_a100-00"]["status"] = "done"
+    second = rb.decide(nodes, OPTIONS)
+    # The A100 class moves on to its canary while the H100 golden node still runs.
+    assert second["start"] == ["gpu_a100-01"]
+    assert second["stages"] == {"gpu_h100": "golden", "gpu_a100": "canary"}
+    named["gpu_a100-01"]["status"] = "done"
+    third = rb.decide(nodes, OPTIONS)
+    # Waves: window 1 + 2 x 2 verified = 5, within the budget of 10 % of 20 = 2.
+    assert third["start"] == ["gpu_a100-02", "gpu_a100-03"]
+    assert third["budgets"]["gpu_a100"]["max_unavailable"] == 2
+
+
+def test_window_widens_with_verified_nodes():
+    nodes = fleet({"gpu_h100": 200})
+    named = by_name(nodes)
+    for name in ("gpu_h100-00", "gpu_h100-01"):
+        named[name]["status"] = "done"
+    assert len(rb.decide(nodes, OPTIONS)["start"]) == 5          # 1 + 2 x 2
+    for index in range(2, 12):
+        named["gpu_h100-%02d" % index]["status"] = "done"
+    assert len(rb.decide(nodes, OPTIONS)["start"]) == 20         # the budget (10 % of 200) is smaller
+
+
+def test_capacity_budget_counts_in_flight_quarantined_and_out_of_service():
+    nodes = fleet({"gpu_h100": 30}, canary=0)
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "done"
+    for index in range(1, 12):
+        named["gpu_h100-%02d" % index]["status"] = "done"
+    named["gpu_h100-12"]["status"] = "failed"
+    named["gpu_h100-12"]["signature"] = "gpu_unreadable"
+    named["gpu_h100-13"]["out_of_service"] = True
+    decision = rb.decide(nodes, OPTIONS)
+    # 10 % of 30 = 3 slots; one quarantined, one drained by someone else: one left.
+    assert decision["start"] == ["gpu_h100-14"]
+    assert decision["quarantined"] == ["gpu_h100-12"] and decision["deferred"] == ["gpu_h100-13"]
+    assert decision["stop"] is None
+
+
+def test_isolated_failure_is_quarantined_two_with_one_signature_stop():
+    nodes = fleet({"gpu_h100": 100, "gpu_a100": 100})
+    for node in nodes:
+        if node["stage"] != "waves" or node["name"].endswith(("02", "03", "04")):
+            node["status"] = "done"
+    named = by_name(nodes)
+    named["gpu_h100-05"].update(status="failed", signature="xid 79", implicates_driver=True, target="620.82.01")
+    assert rb.decide(nodes, OPTIONS)["action"] == "start"
+    named["gpu_a100-05"].update(status="failed", signature="xid 79", implicates_driver=True, target="620.82.01")
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["action"] == "stop" and decision["start"] == []
+    assert decision["stop"]["code"] == "driver_implicated"
+    assert decision["stop"]["reason"] == "driver implicated: 2 nodes failed with xid 79 after the install of 620.82.01"
+    assert decision["stop"]["nodes"] == ["gpu_h100-05", "gpu_a100-05"]
+
+
+def test_failures_before_the_install_implicate_nothing():
+    nodes = fleet({"gpu_h100": 100})
+    for node in nodes[:10]:
+        node["status"] = "done"
+    for node in nodes[10:13]:
+        node.update(status="failed", signature="drain failed", implicates_driver=False)
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stop"] is None and decision["action"] == "start"
+
+
+def test_failure_budget_of_a_class():
+    nodes = fleet({"gpu_h100": 200})
+    for node in nodes[:20]:
+        node["status"] = "done"
+    for index, signature in enumerate(("xid 48", "xid 79", "gpu_unreadable")):
+        nodes[20 + index].update(status="failed", signature=signature, implicates_driver=True)
+    decision = rb.decide(nodes, OPTIONS)
+    # 1 % of 200 = 2: the third failure with another signature exceeds it.
+    assert decision["stop"]["code"] == "failure_budget"
+    assert decision["stop"]["reason"] == ("failure budget of class gpu_h100 exceeded: 3 nodes failed after the "
+                                          "install (budget 2 of 200 nodes)")
+
+
+def test_golden_or_canary_failure_stops_at_once():
+    nodes = fleet({"gpu_h100": 10})
+    nodes[0].update(status="failed", signature="version_not_loaded", implicates_driver=True)
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["action"] == "stop" and decision["stop"]["code"] == "stage_failure"
+    assert decision["stop"]["reason"] == "golden node gpu_h100-00 failed: version_not_loaded"
+
+
+def test_a_slow_drain_keeps_its_slot_and_holds_no_stage():
+    nodes = fleet({"gpu_h100": 40}, canary=3)
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "done"
+    named["gpu_h100-01"].update(status="in_flight", draining=True)
+    named["gpu_h100-02"]["status"] = "done"
+    named["gpu_h100-03"]["status"] = "done"
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stages"]["gpu_h100"] == "waves"
+    # 10 % of 40 = 4 slots, one held by the draining canary.
+    assert decision["start"] == ["gpu_h100-04", "gpu_h100-05", "gpu_h100-06"]
+
+
+def test_a_returning_earlier_stage_node_joins_the_open_stage():
+    nodes = fleet({"gpu_h100": 40}, canary=2)
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "done"
+    named["gpu_h100-01"]["out_of_service"] = True
+    named["gpu_h100-02"]["status"] = "done"
+    named["gpu_h100-03"]["status"] = "in_flight"
+    named["gpu_h100-01"]["out_of_service"] = False     # repaired while the waves run
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stages"]["gpu_h100"] == "waves"
+    assert decision["start"][0] == "gpu_h100-01"
+
+
+def test_failure_domain_budget_and_candidates_and_limit():
+    nodes = fleet({"gpu_h100": 100}, golden=1, canary=0)
+    for node in nodes:
+        node["domain"] = "rack%d" % (int(node["name"][-2:]) % 2)
+    nodes[0]["status"] = "done"
+    opts = rb.normalize_options({"max_unavailable_domain": "2", "window_initial": "20"})
+    decision = rb.decide(nodes, opts)
+    assert decision["start"] == ["gpu_h100-01", "gpu_h100-02", "gpu_h100-03", "gpu_h100-04"]
+    limited = rb.decide(nodes, opts, candidates=["gpu_h100-07", "gpu_h100-09"], limit=1)
+    assert limited["start"] == ["gpu_h100-07"]
+
+
+def test_done_with_deferred_nodes():
+    nodes = fleet({"gpu_h100": 5})
+    for node in nodes:
+        node["status"] = "done"
+    nodes[-1].update(status="pending", out_of_service=True)
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["action"] == "done" and decision["deferred"] == ["gpu_h100-04"]
+
+
+@pytest.mark.parametrize("record,expected", [
+    ({"flags": ["new_fatal_xid"], "new_fatal_xids": {"79": 1, "48": 2}, "marks": {"installed": 1}},
+     {"signature": "xid 48", "implicates_driver": True}),
+    ({"flags": ["gpu_count_changed"], "marks": {"snapshot": 1, "installed": 2}},
+     {"signature": "gpu_count_changed", "implicates_driver": True}),
+    ({"flags": ["transaction_failed"], "marks": {"started": 1, "drained": 2, "snapshot": 3}},
+     {"signature": "install failed", "implicates_driver": True}),
+    ({"flags": ["transaction_failed"], "marks": {"started": 1}},
+     {"signature": "drain failed", "implicates_driver": False}),
+])
+def test_failure_signature(record, expected):
+    assert rb.failure_signature(record) == expected
