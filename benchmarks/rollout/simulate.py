@@ -137,7 +137,7 @@ class Run(object):
         self.started_waves = 0
         self.stopped = None
         self.unavailable = set()
-        self.pending = [n["name"] for n in fleet.nodes]
+        self.pending = [n["name"] for n in reversed(fleet.nodes)]   # next node last
         for node in fleet.nodes:
             self._schedule(fleet.rng.expovariate(fleet.rate_per_s), "strike", node["name"])
 
@@ -363,20 +363,25 @@ class OperatorPolicy(object):
 
     def step(self, run, kind):
         by_name = run.fleet.by_name
-        run.pending = [name for name in run.pending if by_name[name]["status"] == "pending"]
+        while run.pending and by_name[run.pending[-1]]["status"] != "pending":
+            run.pending.pop()
         upgrading = len([name for name in run.unavailable if by_name[name]["status"] == "in_flight"])
         limit = int(self.max_unavailable_pct / 100.0 * len(by_name))
-        startable = [name for name in run.pending if not by_name[name].get("out_of_service")]
-        if not startable and not upgrading:
-            self.done_at = run.now
-            return True
         started = False
-        for name in startable:
+        startable = False
+        for name in reversed(run.pending):
+            node = by_name[name]
+            if node["status"] != "pending" or node.get("out_of_service"):
+                continue
+            startable = True
             if upgrading >= self.parallel or len(run.unavailable) >= limit:
                 break
             run.start(name)
             upgrading += 1
             started = True
+        if not startable and not upgrading:
+            self.done_at = run.now
+            return True
         if started:
             run.sample()
         return False

@@ -14,16 +14,17 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
 
 ARGUMENT_SPEC = {
-    "state": {"type": "str", "required": True, "choices": ["start", "probe", "record", "render"]},
+    "state": {"type": "str", "required": True, "choices": ["start", "probe", "record", "finish", "render"]},
     "report_dir": {"type": "path"},
     "rollout_id": {"type": "str"},
     "plan": {"type": "dict"},
     "record": {"type": "dict"},
     "controller": {"type": "str"},
     "pid": {"type": "int"},
+    "hold": {"type": "bool", "default": False},
 }
 
 
@@ -65,6 +66,19 @@ def pid_alive(pid, proc_root="/proc"):
     except (IOError, OSError, ValueError, TypeError):
         return False
     return b"ansible" in cmdline
+
+
+def _journal_event(record, hold, stamp):
+    """The rollout journal's event for a node record (``rollout_journal``)."""
+    if hold:
+        return {"event": "held", "node": record["node"], "time": stamp}
+    result = record.get("result") or "failed"
+    event = {"event": "finished", "node": record["node"], "status": rollout_journal.status_of(result),
+             "result": result, "changed": result != "skipped", "run_id": record.get("run_id"),
+             "target": (record.get("target") or {}).get("version"), "time": stamp}
+    if event["status"] == "failed":
+        event.update(rollout_budget.failure_signature(record))
+    return event
 
 
 def _now():
@@ -114,24 +128,35 @@ class ActionModule(ActionBase):
             plan.setdefault("started_at", iso)
             plan["runs"] = [result["run"]["run_id"]]
             result["plan_path"] = rollout_report.write_plan(directory, plan)
-        if state in ("record", "render") or (state == "start" and args["plan"] is not None):
-            record = None
-            if state == "record":
-                if not args["record"] or not args["record"].get("node"):
-                    raise AnsibleActionFail("rollout_report: state=record needs record.node")
-                record = dict(args["record"])
-                marks = record.get("marks") or {}
-                record["durations"] = rollout_report.durations_from_marks(marks)
-                started_epoch = marks.get("started")
-                record["started_epoch"] = float(started_epoch) if started_epoch is not None else None
-                if record["started_epoch"] is not None:
-                    record["started_at"] = datetime.fromtimestamp(record["started_epoch"], timezone.utc).strftime(
-                        "%Y-%m-%dT%H:%M:%SZ")
-                record.setdefault("finished_at", iso)
-                record.setdefault("finished_epoch", stamp)
-                # Bookkeeping on the controller; a node found on target changed nothing.
-                result["changed"] = record.get("result") != "skipped"
-            done = rollout_report.record_and_render(directory, record, iso)
+        if state == "finish":
+            if not args["record"] or not args["record"].get("node"):
+                raise AnsibleActionFail("rollout_report: state=finish needs record.node")
+            rollout_journal.append(directory, _journal_event(args["record"], False, stamp))
+            return result
+        if state == "record":
+            if not args["record"] or not args["record"].get("node"):
+                raise AnsibleActionFail("rollout_report: state=record needs record.node")
+            record = dict(args["record"])
+            marks = record.get("marks") or {}
+            record["durations"] = rollout_report.durations_from_marks(marks)
+            started_epoch = marks.get("started")
+            record["started_epoch"] = float(started_epoch) if started_epoch is not None else None
+            if record["started_epoch"] is not None:
+                record["started_at"] = datetime.fromtimestamp(record["started_epoch"], timezone.utc).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ")
+            record.setdefault("finished_at", iso)
+            record.setdefault("finished_epoch", stamp)
+            # Bookkeeping on the controller; a node found on target changed nothing.
+            result["changed"] = record.get("result") != "skipped"
+            hold = args["hold"]
+            path = rollout_report.store_record(
+                directory, record,
+                lambda merged: rollout_journal.append_in_lock(
+                    directory, _journal_event(merged, hold, stamp)))
+            result["paths"] = {"record": path, "json": os.path.join(directory, "rollout-report.json"),
+                               "markdown": os.path.join(directory, "rollout-report.md")}
+        if state == "render" or (state == "start" and args["plan"] is not None):
+            done = rollout_report.render(directory, iso)
             report = done["report"]
             result["paths"] = done["paths"]
             result["status"] = report["status"]

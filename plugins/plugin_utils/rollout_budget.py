@@ -24,9 +24,12 @@ The rules (docs/rollout.md):
   in flight.
 * **Failure budget.** A wave node that fails is quarantined and the rollout goes on. It stops
   when the failures of a class that happened after the new driver was installed exceed
-  ``failure_budget`` (count or percentage of the class), or when ``signature_limit`` nodes
-  failed with one signature on one target version (the driver is implicated). Failures before
-  the install (drain timeouts, preflight) quarantine the node but implicate nothing.
+  ``failure_budget`` (count or percentage of the class), or when at least ``signature_limit``
+  nodes failed with one signature on one target version and the fleet's background failure
+  rate (``background_failure_rate`` per transaction, all signatures together) makes that many
+  less likely than ``signature_alpha`` by chance alone (Poisson): the driver is implicated. Two
+  failures among the first hundred nodes stop a rollout; two among thousands do not. Failures
+  before the install (drain timeouts, preflight) quarantine the node but implicate nothing.
 
 Pure functions; no I/O.
 """
@@ -56,6 +59,8 @@ DEFAULTS = {
     "max_unavailable_domain": None,
     "failure_budget": "1%",
     "signature_limit": 2,
+    "background_failure_rate": 0.0002,
+    "signature_alpha": 0.001,
     "window_initial": 1,
     "window_growth": 2,
 }
@@ -124,6 +129,25 @@ def _non_negative_number(value: Any, name: str) -> float:
     return number
 
 
+def _fraction(value: Any, name: str) -> float:
+    number = _non_negative_number(value, name)
+    if number >= 1:
+        raise ValueError("%s must be below 1, got %r" % (name, value))
+    return number
+
+
+def poisson_tail(count: int, mean: float) -> float:
+    """P(X >= count) for X ~ Poisson(mean): how likely ``count`` failures are by chance alone."""
+    if count <= 0:
+        return 1.0
+    term = math.exp(-mean)
+    below = term
+    for k in range(1, count):
+        term *= mean / k
+        below += term
+    return max(0.0, 1.0 - below)
+
+
 def _positive_int(value: Any, name: str) -> int:
     text = str(value).strip() if not isinstance(value, bool) else ""
     if not _COUNT.match(text) or int(text) < 1:
@@ -135,7 +159,8 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
     """Validate and normalise the budget options (missing ones take :data:`DEFAULTS`).
 
     :param options: ``{"max_unavailable", "max_unavailable_domain", "failure_budget",
-        "signature_limit", "window_initial", "window_growth"}``; values may be text (extra vars).
+        "signature_limit", "background_failure_rate", "signature_alpha", "window_initial",
+        "window_growth"}``; values may be text (extra vars).
     :returns: the same keys with amounts as :func:`parse_amount` tuples and numbers as numbers.
     :raises ValueError: naming the first bad value, or an option that does not exist.
     """
@@ -150,6 +175,8 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
                                    if raw.get("max_unavailable_domain") not in (None, "") else None),
         "failure_budget": parse_amount(raw["failure_budget"], "rollout_failure_budget", allow_zero=True),
         "signature_limit": _positive_int(raw["signature_limit"], "rollout_signature_limit"),
+        "background_failure_rate": _fraction(raw["background_failure_rate"], "rollout_background_failure_rate"),
+        "signature_alpha": _fraction(raw["signature_alpha"], "rollout_signature_alpha"),
         "window_initial": _positive_int(raw["window_initial"], "rollout_window_initial"),
         "window_growth": _non_negative_number(raw["window_growth"], "rollout_window_growth"),
     }
@@ -229,7 +256,10 @@ def budgets(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> D
             row["verified"][stage] = row["verified"].get(stage, 0) + 1
     for row in out.values():
         row["max_unavailable"] = amount_of(options["max_unavailable"], row["nodes"])
-        row["failure_budget"] = amount_of(options["failure_budget"], row["nodes"], minimum=0)
+        # A percentage leaves every class at least one isolated failure; a count is taken as given
+        # (0: zero tolerance).
+        row["failure_budget"] = amount_of(options["failure_budget"], row["nodes"],
+                                          minimum=1 if options["failure_budget"][0] == "percent" else 0)
         row["free"] = max(0, row["max_unavailable"] - row["out_of_service"])
     return out
 
@@ -258,15 +288,23 @@ def stop_reason(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
         reason = "%s node %s failed: %s" % (first["stage"], first["name"], first.get("signature") or "failed")
         return _stop("stage_failure", reason, nodes=[n["name"] for n in early])
     by_signature = {}  # type: Dict[Tuple[str, str], List[str]]
+    attempts = {}  # type: Dict[str, int]
+    for node in nodes:
+        target = str(node.get("target") or "")
+        status = node.get("status")
+        if (status == "done" and node.get("changed", True)) or (status == "failed" and node.get("implicates_driver")):
+            attempts[target] = attempts.get(target, 0) + 1
     for node in failed:
         if node.get("implicates_driver") and node.get("signature"):
             key = (str(node.get("target") or ""), str(node["signature"]))
             by_signature.setdefault(key, []).append(node["name"])
     for (target, signature), names in sorted(by_signature.items(), key=lambda kv: (-len(kv[1]), kv[0])):
-        if len(names) >= options["signature_limit"]:
-            return _stop("driver_implicated", "driver implicated: %d nodes failed with %s after the install%s"
-                         % (len(names), signature, (" of %s" % target) if target else ""),
-                         nodes=names, signature=signature, target=target or None)
+        chance = poisson_tail(len(names), attempts.get(target, 0) * options["background_failure_rate"])
+        if len(names) >= options["signature_limit"] and chance < options["signature_alpha"]:
+            return _stop("driver_implicated", "driver implicated: %d nodes failed with %s after the install%s "
+                         "(%d installed; by chance alone: p=%.1g)"
+                         % (len(names), signature, (" of %s" % target) if target else "", attempts.get(target, 0),
+                            chance), nodes=names, signature=signature, target=target or None)
     for klass in sorted(rows):
         row = rows[klass]
         if row["failed_after_install"] > row["failure_budget"]:
@@ -284,15 +322,19 @@ def stage_gates(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
     nodes have passed (their transaction includes the soak and its check), its waves when its
     canary pool has. A node out of service, or still waiting for its drain (``draining``:
     nothing was installed yet, so it has proven nothing), holds no stage open, and once a
-    later stage of a class has started, an earlier one does not close it again.
+    later stage of a class has started, an earlier one does not close it again. A class with
+    no golden (canary) node of its own follows the fleet's: it waits while any class's golden
+    (canary) stage is open.
     :returns: ``{class: "golden" | "canary" | "waves"}``.
     """
     open_stages = {}  # type: Dict[str, set]
     reached = {}  # type: Dict[str, int]
+    members = {}  # type: Dict[str, set]
     for node in nodes:
         klass = node["class"]
         stage = node.get("stage")
         status = node.get("status")
+        members.setdefault(klass, set()).add(stage)
         if status != "pending":
             reached[klass] = max(reached.get(klass, 0), _RANK.get(stage, 2))
         else:
@@ -301,11 +343,17 @@ def stage_gates(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
                 (status == "pending" and not node.get("out_of_service"))
                 or (status == "in_flight" and not node.get("draining"))):
             open_stages.setdefault(klass, set()).add(stage)
+    fleet_open = set()
+    for klass, stages in open_stages.items():
+        fleet_open.update(stage for stage in stages if _RANK[stage] >= reached[klass])
     out = {}
     for klass in reached:
         out[klass] = "waves"
         for stage in ("golden", "canary"):
-            if _RANK[stage] >= reached[klass] and stage in open_stages.get(klass, ()):
+            if _RANK[stage] < reached[klass]:
+                continue
+            own = stage in members[klass]
+            if (own and stage in open_stages.get(klass, ())) or (not own and stage in fleet_open):
                 out[klass] = stage
                 break
     return out

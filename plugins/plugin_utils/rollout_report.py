@@ -24,15 +24,15 @@ flagged), ``refused`` (preflight said no; nothing changed), ``failed``.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from jinja2 import Environment, StrictUndefined
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_journal import locked
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_output import write_atomic
 
 RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed")
@@ -131,7 +131,7 @@ def resolution_note(resolved: Optional[Mapping[str, Any]], catalog: Optional[Map
 
 
 def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]],
-                 generated_at: Optional[str] = None) -> Dict[str, Any]:
+                 generated_at: Optional[str] = None, decision: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Roll the records up against the plan.
 
     :param plan: ``{"rollout_id", "stages": [{"name", "hosts": [..], "serial"}], "request": {...},
@@ -141,7 +141,12 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
         "stopped_by": [{"node", "stage", "result", "reason"}], "summary": {result: n, "not_started": n,
         "nodes": n}, "stages": [{"name", "hosts", "counts": {...}, "ran": bool}], "nodes": [record
         or {"node", "stage", "result": "not_started"}] in plan order, "notes": [str],
-        "wall_s": float | None}``.
+        "wall_s": float | None, "stop_reason": str | None, "quarantined": [{"node", "stage", "result",
+        "reason"}], "deferred": [names], "budgets": {...} | None}``.
+    :param decision: ``rollout_budget.decide`` over the journal (a rollout run in steps): then the
+        status is the decision's (``stopped`` with its reason, ``completed`` when nothing is left,
+        quarantined nodes included), ``stopped_by`` lists the nodes the stop names and
+        ``quarantined`` every failed node. Without it, the first failed node stops the rollout.
     """
     plan = plan or {}
     stages = list(plan.get("stages") or [])
@@ -170,14 +175,21 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
     for node in nodes:
         summary[node.get("result") or "failed"] = summary.get(node.get("result") or "failed", 0) + 1
     summary["nodes"] = len(nodes)
-    stopped_by = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "reason": n.get("reason")}
-                  for n in nodes if n.get("result") in STOPPING]
-    if stopped_by:
-        status = "stopped"
-    elif all(n.get("result") in _DONE for n in nodes) and nodes:
-        status = "completed"
+    failed = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "reason": n.get("reason")}
+              for n in nodes if n.get("result") in STOPPING]
+    stop = (decision or {}).get("stop")
+    if decision is not None:
+        named = set((stop or {}).get("nodes") or [])
+        stopped_by = [entry for entry in failed if entry["node"] in named]
+        status = "stopped" if stop else "completed" if decision.get("action") == "done" else "in_progress"
     else:
-        status = "in_progress"
+        stopped_by = failed
+        if stopped_by:
+            status = "stopped"
+        elif all(n.get("result") in _DONE for n in nodes) and nodes:
+            status = "completed"
+        else:
+            status = "in_progress"
     notes = []
     for node in nodes:
         note = (node.get("target") or {}).get("note")
@@ -189,13 +201,17 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
     return {"rollout_id": plan.get("rollout_id") or next((r.get("rollout_id") for r in records.values()), None),
             "generated_at": generated_at, "request": plan.get("request"), "status": status,
             "stopped_by": stopped_by, "summary": summary, "stages": stage_rows, "nodes": nodes, "notes": notes,
-            "wall_s": wall}
+            "wall_s": wall, "stop_reason": (stop or {}).get("reason"),
+            "quarantined": [entry for entry in failed if entry["result"] != "refused"] if decision is not None else [],
+            "deferred": list((decision or {}).get("deferred") or []),
+            "budgets": (decision or {}).get("budgets")}
 
 
 _MARKDOWN = """\
 # Driver rollout {{ r.rollout_id }}
 
-Status: **{{ r.status }}**{{ (' (stopped by ' ~ (r.stopped_by | map(attribute='node') | join(', ')) ~ ')') if r.stopped_by else '' }}.
+Status: **{{ r.status }}**{{ (': ' ~ (r.stop_reason | md)) if r.stop_reason else '' }}\
+{{ (' (stopped by ' ~ (r.stopped_by | map(attribute='node') | join(', ')) ~ ')') if r.stopped_by else '' }}.
 {{ s.nodes }} nodes: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target, {{ s.rolled_back }} rolled back, \
 {{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.{{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
 
@@ -211,6 +227,17 @@ Status: **{{ r.status }}**{{ (' (stopped by ' ~ (r.stopped_by | map(attribute='n
 {% for n in r.nodes %}
 | {{ n.node | md }} | {{ n.stage }} | {{ n.result }} | {{ n.before }} | {{ n.after }} | {{ n.target }} | {{ n.time }} | {{ n.reason | md }} |
 {% endfor %}
+{% if r.quarantined %}
+
+Quarantined (drained and flagged, out of service until cleared):
+{% for q in r.quarantined %}
+- {{ q.node | md }} ({{ q.stage }}): {{ q.result }}: {{ q.reason | md }}
+{% endfor %}
+{% endif %}
+{% if r.deferred %}
+
+Deferred (out of service, to do when back): {{ r.deferred | join(', ') }}
+{% endif %}
 {% if r.notes %}
 
 Notes:
@@ -253,18 +280,6 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     return env.from_string(_MARKDOWN).render(r=view, s=report["summary"])
 
 
-@contextlib.contextmanager
-def locked(directory: str) -> Iterator[None]:
-    """Hold an exclusive ``fcntl.flock`` on ``<directory>/.lock`` (I/O: creates the directory)."""
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, ".lock"), "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def _load(path: str) -> Optional[Dict[str, Any]]:
     try:
         with open(path, "r", encoding="utf-8") as handle:
@@ -300,20 +315,38 @@ def write_plan(directory: str, plan: Mapping[str, Any]) -> str:
     return path
 
 
-def record_and_render(directory: str, record: Optional[Mapping[str, Any]],
-                      generated_at: Optional[str] = None) -> Dict[str, Any]:
-    """Store one node's record (merged with an earlier one) and regenerate the report (I/O).
+def store_record(directory: str, record: Mapping[str, Any],
+                 journal_event: Optional[Callable[[Mapping[str, Any]], None]] = None) -> str:
+    """Store one node's record, merged with an earlier one (I/O; the same cost at any report size).
 
-    :returns: ``{"report": the report dict, "paths": {"json", "markdown", "record"}}``.
+    :param journal_event: called with the merged record under the directory's lock (the
+        rollout journal's append), so that record and journal never disagree.
+    :returns: the record's path.
+    """
+    with locked(directory):
+        path = os.path.join(directory, "nodes", "%s.json" % record["node"])
+        merged = merge_record(_load(path), record)
+        write_atomic(path, json.dumps(merged, indent=1, sort_keys=True) + "\n")
+        if journal_event is not None:
+            journal_event(merged)
+    return path
+
+
+def render(directory: str, generated_at: Optional[str] = None) -> Dict[str, Any]:
+    """Regenerate ``rollout-report.json`` and ``.md`` from the plan and the records (I/O).
+
+    Called once per rollout step, not once per record: its cost is linear in the records.
+    :returns: ``{"report": the report dict, "paths": {"json", "markdown"}}``.
     """
     with locked(directory):
         paths = {}
-        if record is not None:
-            path = os.path.join(directory, "nodes", "%s.json" % record["node"])
-            merged = merge_record(_load(path), record)
-            write_atomic(path, json.dumps(merged, indent=1, sort_keys=True) + "\n")
-            paths["record"] = path
-        report = build_report(_load(os.path.join(directory, "plan.json")), read_records(directory), generated_at)
+        plan = _load(os.path.join(directory, "plan.json"))
+        decision = None
+        if plan and plan.get("nodes"):
+            journal = rollout_journal.read(directory)
+            decision = rollout_budget.decide(rollout_journal.fleet_state(plan, journal),
+                                             rollout_budget.normalize_options(plan.get("options") or {}))
+        report = build_report(plan, read_records(directory), generated_at, decision)
         paths["json"] = os.path.join(directory, "rollout-report.json")
         paths["markdown"] = os.path.join(directory, "rollout-report.md")
         write_atomic(paths["json"], json.dumps(report, indent=1, sort_keys=True) + "\n")

@@ -47,10 +47,16 @@ SOAK_S = 60
 
 
 def stage_vars(node, stage):
+    """Golden and canary: zero tolerance, node11 (a wave node) waits for the stage. Wave: both nodes
+    in one class (its one slot) with a failure budget of 0, each wave node soaking after its upgrade."""
     golden = node if stage == "golden" else "none"
     canary = node if stage == "canary" else "none"
-    return ["-e", "rollout_golden_group=%s" % golden, "-e", "rollout_canary_group=%s" % canary,
-            "-e", "rollout_soak_s=%d" % SOAK_S, "-e", "rollout_wave_soak_s=%d" % SOAK_S]
+    out = ["-e", "rollout_golden_group=%s" % golden, "-e", "rollout_canary_group=%s" % canary,
+           "-e", "rollout_soak_s=%d" % SOAK_S]
+    if stage == "wave":
+        out += ["-e", "rollout_wave_soak_s=%d" % SOAK_S, "-e", "rollout_class_prefix=none_",
+                "-e", "rollout_failure_budget=0"]
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,12 @@ One fleet for the module, seven nodes, every node first on the baseline driver 5
 LTSB, installed by the driver role). Then, in order:
 
 * ``--check`` changes nothing anywhere;
+* bad input (an empty fleet, a missing golden group, a typo in a variable name, a budget of 0)
+  refused before any host is touched;
 * a rollout of ``driver_branch: ltsb`` over nodes 1-4 (golden node01, canary node02, waves
-  node03/node04) whose controller is killed in the middle of the waves; the re-run finishes
-  without redoing healthy nodes: H100/A100/L40S on the newest R620, the V100 on R580 with the
+  node03/node04, node04's drain slow) whose controller is killed in the middle of the waves;
+  the re-run resumes node04 and finishes without touching the nodes already done (each node is
+  started once in the journal): H100/A100/L40S on the newest R620, the V100 on R580 with the
   report saying why;
 * rollback.yml returns the wave (node03, node04) to 580.126.20;
 * a lock held by another controller refuses a second rollout on a node;
@@ -18,7 +21,8 @@ LTSB, installed by the driver role). Then, in order:
   pool's soak (node07, after golden node06), a version mismatch after the reboot (golden
   node01) and a reboot that never comes back (golden node02). Each failed node ends on its
   last known-good driver or drained and flagged, its rollout stops there and every other node
-  (node04, the wave all of them would reach next) is untouched.
+  (node04, the wave all of them would reach next) is untouched. The wave case runs with one
+  class for both nodes and a failure budget of 0 (zero tolerance), so its first failure stops it.
 
 Drain uses the ``command`` backend: a marker file per node in the test's directory, so that
 "drained" is visible on the controller.
@@ -89,6 +93,11 @@ INVENTORY = INVENTORY_VARS + """\
     canary_c:
       hosts:
         node07:
+    slow_drain:
+      hosts:
+        node04:
+      vars:
+        node_upgrade_drain_command: [sh, -c, "sleep 25; touch %(dir)s/drained/{{ inventory_hostname }}"]
 """
 
 BASELINE_PLAYBOOK = baseline_playbook(BASELINE)
@@ -123,8 +132,18 @@ class Rollouts(object):
     def rollout(self, rollout_id, hosts, *extra, start=False):
         args = ["-e", "driver_branch=ltsb", "-e", "rollout_id=%s" % rollout_id, "-e", "rollout_hosts=%s" % hosts,
                 "-e", "rollout_report_dir=%s" % self.report_dir(rollout_id), "-e", "rollout_soak_s=0",
-                "-e", "rollout_wave_soak_s=0"] + list(extra)
+                "-e", "rollout_allow_no_golden=true", "-e", "rollout_allow_no_canary=true"] + list(extra)
         return self.start(ROLLOUT, *args) if start else self.run(ROLLOUT, *args)
+
+    def started(self, rollout_id):
+        """How many times the rollout's journal started each node."""
+        counts = {}
+        with open(os.path.join(self.report_dir(rollout_id), "journal.jsonl")) as handle:
+            for line in handle:
+                event = json.loads(line)
+                if event["event"] == "started":
+                    counts[event["node"]] = counts.get(event["node"], 0) + 1
+        return counts
 
     def report_dir(self, rollout_id):
         return os.path.join(self.dir, "reports", rollout_id)
@@ -221,22 +240,50 @@ def test_check_mode_changes_nothing(rollouts):
     assert not os.path.exists(rollouts.report_dir("check"))
 
 
+def test_bad_input_is_refused_before_any_host_is_touched(rollouts):
+    nodes = ["node01", "node02", "node03", "node04"]
+    before = dict((node, rollouts.state(node)) for node in nodes)
+    base = ["-e", "driver_branch=ltsb", "-e", "rollout_id=bad", "-e", "rollout_report_dir=%s" % rollouts.report_dir("bad")]
+    cases = [
+        (["-e", "rollout_hosts=nothing_here"], "the rollout matches no host"),
+        (["-e", "rollout_hosts=node03:node04"], "the golden stage has no host"),
+        (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "driver_brnach=620"],
+         "unknown variable driver_brnach (did you mean driver_branch?)"),
+        (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "node_upgrade_drian=slurm"],
+         "unknown variable node_upgrade_drian (did you mean node_upgrade_drain?)"),
+        (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "rollout_max_unavailable=0"],
+         "rollout_max_unavailable must be at least 1, got '0'"),
+        (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "rollout_max_unavailable=-50%"],
+         "rollout_max_unavailable must be a count (at least 1) or a percentage such as 10%, got '-50%'"),
+        (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "rollout_max_unavailable=150%"],
+         "rollout_max_unavailable must be at most 100%, got '150%'"),
+    ]
+    for extra, words in cases:
+        code, log = rollouts.run(ROLLOUT, *(base + extra))
+        assert code != 0, (extra, log[-2000:])
+        assert "rollout refused before any host was touched" in log and words in log, (extra, log[-3000:])
+    for node in nodes:
+        assert rollouts.state(node) == before[node], node
+    assert not os.path.exists(os.path.join(rollouts.report_dir("bad"), "journal.jsonl"))
+
+
 def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts):
     proc, log = rollouts.rollout("ltsb", "node01:node02:node03:node04", start=True)
     killed = False
     deadline = time.time() + 1500
     while time.time() < deadline and proc.poll() is None:
         node03 = rollouts.record("ltsb", "node03")
-        if node03 and node03["result"] == "upgraded" and rollouts.lock_exists("node04"):
+        if node03 and node03["result"] == "upgraded" and rollouts.lock_exists("node04") \
+                and rollouts.record("ltsb", "node04") is None:
             os.killpg(proc.pid, signal.SIGKILL)
             killed = True
             break
         time.sleep(0.5)
     proc.wait(timeout=60)
     assert killed, "the first run ended before node04 took its lock: %s" % open(log).read()[-3000:]
-    first = rollouts.report("ltsb")
-    assert first["status"] == "in_progress"
+    # The killed step rendered no report; its records and journal say where it was: node04 in flight.
     assert rollouts.record("ltsb", "node04") is None
+    assert rollouts.started("ltsb") == {"node01": 1, "node02": 1, "node03": 1, "node04": 1}
     first_run = rollouts.record("ltsb", "node01")["run_id"]
 
     code, out = rollouts.rollout("ltsb", "node01:node02:node03:node04")
@@ -245,12 +292,14 @@ def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts):
     assert report["status"] == "completed"
     assert report["summary"]["upgraded"] == 4
     by_node = dict((n["node"], n) for n in report["nodes"])
-    # Nodes finished by the killed run keep their record; the re-run only confirmed them.
+    # Nodes finished by the killed run keep their record and are not touched again; node04, in
+    # flight when the controller died, is resumed (not started a second time).
     for node in ("node01", "node02", "node03"):
         assert by_node[node]["run_id"] == first_run
-        assert by_node[node]["confirmed_by_run"] not in (None, first_run)
+        assert "confirmed_by_run" not in by_node[node]
         assert by_node[node]["before"]["loaded"] == BASELINE
     assert by_node["node04"]["run_id"] != first_run
+    assert rollouts.started("ltsb") == {"node01": 1, "node02": 1, "node03": 1, "node04": 1}
     assert by_node["node01"]["stage"] == "golden" and by_node["node02"]["stage"] == "canary"
     assert by_node["node04"]["stage"] == "waves"
     # H100, A100, L40S: the newest R620; V100: the newest R580, and the report says why.
@@ -308,6 +357,17 @@ def test_lock_of_another_controller_refuses_a_second_rollout(rollouts):
     rollouts.fleet.run("node04", "rm -f /var/lib/gpufleet/rollout/lock.json", check=True)
 
 
+def test_unresolvable_target_is_refused_at_preflight_with_no_node_drained(rollouts):
+    before = rollouts.state("node04")
+    code, log = rollouts.rollout("unresolvable", "node04", "-e", "driver_branch=620")
+    assert code == 2, log[-3000:]
+    record = rollouts.record("unresolvable", "node04")
+    assert record["result"] == "refused" and "resolution" in record["flags"], record
+    assert "Volta" in record["reason"], record["reason"]
+    assert not rollouts.drained("node04")
+    assert rollouts.state("node04") == before
+
+
 def wait_for(predicate, timeout, what):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -341,8 +401,10 @@ def test_five_fault_kinds_at_golden_in_the_canary_pool_and_in_a_wave(rollouts):
     fleet.fault("node01", "version_mismatch")
     fleet.fault("node02", "reboot_hang")
     procs = [
-        # Wave: the first wave batch (node03) fails to build the module; node04, the next batch, never starts.
-        rollouts.rollout("f-wave", "node03:node04", start=True)[0],
+        # Wave, one class for both nodes and zero tolerance: node03 fails to build the module; node04,
+        # waiting for the class's only slot, never starts.
+        rollouts.rollout("f-wave", "node03:node04", "-e", "rollout_class_prefix=none_",
+                         "-e", "rollout_failure_budget=0", start=True)[0],
         # Golden: a GPU falls off the bus at the reboot.
         rollouts.rollout("f-golden", "node05:node04", "-e", "rollout_golden_group=golden_b", start=True)[0],
         # Canary: golden node06 passes; a fatal Xid storm hits canary node07 during its soak.

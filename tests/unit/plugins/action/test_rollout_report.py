@@ -98,12 +98,13 @@ def test_markdown_rows_and_notes():
 def test_concurrent_records_all_land(tmp_path):
     directory = str(tmp_path / "report")
     rr.write_plan(directory, dict(PLAN, started_at="first"))
-    threads = [threading.Thread(target=rr.record_and_render, args=(directory, record(n, "waves", "upgraded")))
+    threads = [threading.Thread(target=rr.store_record, args=(directory, record(n, "waves", "upgraded")))
                for n in ("h1", "a1", "l1", "v1", "h2")]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    rr.render(directory)
     with open(os.path.join(directory, "rollout-report.json")) as handle:
         report = json.load(handle)
     assert report["summary"]["upgraded"] == 5 and report["status"] == "completed"

@@ -124,8 +124,25 @@ def test_isolated_failure_is_quarantined_two_with_one_signature_stop():
     decision = rb.decide(nodes, OPTIONS)
     assert decision["action"] == "stop" and decision["start"] == []
     assert decision["stop"]["code"] == "driver_implicated"
-    assert decision["stop"]["reason"] == "driver implicated: 2 nodes failed with xid 79 after the install of 620.82.01"
+    assert decision["stop"]["reason"] == ("driver implicated: 2 nodes failed with xid 79 after the install of "
+                                          "620.82.01 (2 installed; by chance alone: p=8e-08)")
     assert decision["stop"]["nodes"] == ["gpu_h100-05", "gpu_a100-05"]
+
+
+def test_two_failures_among_thousands_are_background():
+    nodes = fleet({"gpu_h100": 4000, "gpu_a100": 4000})
+    for node in nodes:
+        node.update(status="done", target="620.82.01")
+    for name in ("gpu_h100-05", "gpu_a100-05"):
+        by_name(nodes)[name].update(status="failed", signature="xid 48", implicates_driver=True)
+    # 8,000 installs x 2e-4 = 1.6 failures expected by chance: two with one signature are not evidence.
+    assert rb.stop_reason(nodes, OPTIONS) is None
+    for index in range(6, 12):
+        by_name(nodes)["gpu_h100-%02d" % index].update(status="failed", signature="xid 48", implicates_driver=True)
+    stop = rb.stop_reason(nodes, OPTIONS)
+    assert stop["code"] == "driver_implicated" and len(stop["nodes"]) == 8
+    assert rb.poisson_tail(2, 0.0) == 0.0 and rb.poisson_tail(0, 5.0) == 1.0
+    assert abs(rb.poisson_tail(2, 1.0) - 0.2642) < 1e-4
 
 
 def test_failures_before_the_install_implicate_nothing():
@@ -218,3 +235,14 @@ def test_done_with_deferred_nodes():
 ])
 def test_failure_signature(record, expected):
     assert rb.failure_signature(record) == expected
+
+
+def test_a_class_without_golden_nodes_follows_the_fleets_golden_stage():
+    nodes = fleet({"gpu_h100": 10}) + [{"name": "v1", "class": "gpu_v100", "stage": "waves", "status": "pending"}]
+    first = rb.decide(nodes, OPTIONS)
+    assert first["start"] == ["gpu_h100-00"] and first["stages"]["gpu_v100"] == "golden"
+    by_name(nodes)["gpu_h100-00"]["status"] = "done"
+    second = rb.decide(nodes, OPTIONS)
+    assert second["stages"] == {"gpu_h100": "canary", "gpu_v100": "canary"}
+    by_name(nodes)["gpu_h100-01"]["status"] = "done"
+    assert rb.decide(nodes, OPTIONS)["start"] == ["gpu_h100-02", "v1"]

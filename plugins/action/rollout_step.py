@@ -1,0 +1,262 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Controller side of a rollout step: plan (validate), choose the step's hosts, admit a node."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import time
+
+import yaml
+from ansible import context
+from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+from ansible.plugins.action import ActionBase
+
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
+
+ARGUMENT_SPEC = {
+    "state": {"type": "str", "required": True, "choices": ["plan", "choose", "admit"]},
+    "report_dir": {"type": "path", "required": True},
+    "rollout_id": {"type": "str"},
+    "stages": {"type": "dict"},
+    "options": {"type": "dict", "default": {}},
+    "class_prefix": {"type": "str", "default": "gpu_"},
+    "domain_prefix": {"type": "str", "default": ""},
+    "allow_missing_stages": {"type": "list", "elements": "str", "default": []},
+    "check_variables": {"type": "bool", "default": True},
+    "step_hosts": {"type": "int", "default": 0},
+    "node": {"type": "str"},
+    "candidates": {"type": "list", "elements": "str", "default": []},
+    "run_id": {"type": "str"},
+    "poll_s": {"type": "float", "default": 2.0},
+}
+
+#: The collection's variable prefixes: a name under one of them that no role or playbook knows
+#: is a typo, refused before any host is touched.
+PREFIXES = ("driver_", "kernel_hold_", "gpu_policy_", "node_upgrade_", "rollout_", "drift_")
+
+
+def unknown_variables(names, known):
+    """Names under the collection's prefixes that are not known, each with the closest known name.
+
+    :param names: variable names in play (extra vars, host and group vars).
+    :param known: every variable the roles and playbooks read.
+    :returns: ``[(name, closest or None)]`` in sorted order.
+    """
+    known = set(known)
+    out = []
+    for name in sorted(set(names)):
+        if name.startswith(PREFIXES) and name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+            out.append((name, close[0] if close else None))
+    return out
+
+
+_COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def known_variables(root=_COLLECTION):
+    """Every variable the collection reads or sets under its prefixes (I/O: reads YAML).
+
+    Source: each role's ``meta/argument_specs.yml`` (all entry points) and
+    ``playbooks/vars/known_variables.yml`` (playbook variables and the results roles set).
+    """
+    names = set()
+    roles = os.path.join(root, "roles")
+    for role in sorted(os.listdir(roles)) if os.path.isdir(roles) else []:
+        path = os.path.join(roles, role, "meta", "argument_specs.yml")
+        if os.path.exists(path):
+            with open(path, "r", encoding="utf-8") as handle:
+                specs = yaml.safe_load(handle) or {}
+            for entry in (specs.get("argument_specs") or {}).values():
+                names.update((entry.get("options") or {}).keys())
+    with open(os.path.join(root, "playbooks", "vars", "known_variables.yml"), "r", encoding="utf-8") as handle:
+        names.update(yaml.safe_load(handle).get("gpufleet_known_variables") or [])
+    return names
+
+
+def plan_nodes(stages, groups, class_prefix, domain_prefix):
+    """The rollout's nodes in priority order: ``[{"name", "stage", "class", "domain"}]``.
+
+    :param stages: ``{"golden": [hosts], "canary": [hosts], "waves": [hosts]}`` (a host in two
+        stages keeps the first).
+    :param groups: the inventory's ``groups`` (group → hosts).
+    """
+    member = {}
+    for group, hosts in groups.items():
+        for host in hosts:
+            member.setdefault(host, []).append(group)
+    nodes = []
+    seen = set()
+    for stage in rollout_budget.STAGES:
+        for host in stages.get(stage) or []:
+            if host in seen:
+                continue
+            seen.add(host)
+            names = sorted(member.get(host, []))
+            klass = next((g for g in names if g.startswith(class_prefix)), "unclassified")
+            domain = next((g for g in names if domain_prefix and g.startswith(domain_prefix)), None)
+            nodes.append({"name": host, "stage": stage, "class": klass, "domain": domain})
+    return nodes
+
+
+def _load_plan(directory):
+    try:
+        with open(os.path.join(directory, "plan.json"), "r", encoding="utf-8") as handle:
+            return json.load(handle)
+    except (IOError, OSError, ValueError):
+        raise AnsibleActionFail("rollout_step: no readable plan.json in %s: run the plan first" % directory)
+
+
+def choose_hosts(nodes, options, limit):
+    """The hosts of the next step: nodes in flight (to resume) first, then nodes that can start.
+
+    :param nodes: ``rollout_journal.fleet_state``; :param limit: at most this many hosts (the controller's
+        forks, so that every host of the step has a worker while it waits for its slot).
+    :returns: ``(decision, [names])``. Beyond what may start now, the step takes the next nodes
+        of each class in stage order, classes in turn: they wait for their slot (and their stage)
+        in the same step, so that slots freed during the step are filled at once.
+    """
+    decision = rollout_budget.decide(nodes, options)
+    if decision["action"] in ("stop", "done"):
+        return decision, [n["name"] for n in nodes if n["status"] == "in_flight"][:limit]
+    hosts = [n["name"] for n in nodes if n["status"] == "in_flight"]
+    chosen = set(hosts)
+    for name in decision["start"]:
+        if name not in chosen:
+            hosts.append(name)
+            chosen.add(name)
+    queues = {}
+    for stage in rollout_budget.STAGES:
+        for node in nodes:
+            if node["status"] == "pending" and not node.get("out_of_service") and node["name"] not in chosen \
+                    and node["stage"] == stage:
+                queues.setdefault(node["class"], []).append(node["name"])
+    order = sorted(queues)
+    while len(hosts) < limit and any(queues.values()):
+        for klass in order:
+            if queues[klass] and len(hosts) < limit:
+                hosts.append(queues[klass].pop(0))
+    return decision, hosts[:limit]
+
+
+class ActionModule(ActionBase):
+    """plan: validate and write the plan; choose: the next step's hosts; admit: wait for a slot."""
+
+    TRANSFERS_FILES = False
+    _requires_connection = False
+    _supports_check_mode = True
+
+    def run(self, tmp=None, task_vars=None):
+        result = super(ActionModule, self).run(tmp, task_vars)
+        validation = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
+        if validation.error_messages:
+            raise AnsibleActionFail("rollout_step: %s" % "; ".join(validation.error_messages))
+        args = validation.validated_parameters
+        directory = os.path.abspath(args["report_dir"])
+        result["changed"] = False
+        result["report_dir"] = directory
+        try:
+            options = rollout_budget.normalize_options(args["options"])
+        except ValueError as exc:
+            if args["state"] == "plan":
+                raise AnsibleActionFail("rollout refused before any host was touched: %s" % exc)
+            raise AnsibleActionFail("rollout_step: %s" % exc)
+        if args["state"] == "plan":
+            return self._plan(result, args, options, task_vars or {})
+        if args["state"] == "choose":
+            plan = _load_plan(directory) if not self._task.check_mode else {"nodes": []}
+            limit = args["step_hosts"] or int(context.CLIARGS.get("forks") or 5)
+            decision, hosts = choose_hosts(rollout_journal.fleet_state(plan, rollout_journal.read(directory)), options, limit)
+            result.update({"action": decision["action"], "hosts": hosts, "stop": decision["stop"],
+                           "budgets": decision["budgets"], "quarantined": decision["quarantined"],
+                           "deferred": decision["deferred"], "stages": decision["stages"]})
+            return result
+        return self._admit(result, args, options, directory)
+
+    def _plan(self, result, args, options, task_vars):
+        stages = args["stages"] or {}
+        problems = []
+        names = set(task_vars.get("vars", {}) if isinstance(task_vars.get("vars"), dict) else ())
+        names.update(k for k in task_vars if isinstance(k, str))
+        for host in (stages.get("golden") or []) + (stages.get("canary") or []) + (stages.get("waves") or []):
+            hostvars = task_vars.get("hostvars", {}).get(host) or {}
+            names.update(k for k in hostvars.keys() if isinstance(k, str))
+        if args["check_variables"]:
+            for name, close in unknown_variables(names, known_variables()):
+                problems.append("unknown variable %s%s" % (name, (" (did you mean %s?)" % close) if close else ""))
+        total = sum(len(stages.get(stage) or []) for stage in rollout_budget.STAGES)
+        if total == 0:
+            problems.append("the rollout matches no host: check rollout_hosts and the inventory")
+        else:
+            for stage in ("golden", "canary"):
+                if not stages.get(stage) and stage not in args["allow_missing_stages"]:
+                    problems.append("the %s stage has no host: add hosts to the %s group, or set "
+                                    "rollout_allow_no_%s=true to roll out without it" % (stage, stage, stage))
+        if problems:
+            raise AnsibleActionFail("rollout refused before any host was touched: %s" % "; ".join(problems))
+        nodes = plan_nodes(stages, task_vars.get("groups", {}), args["class_prefix"], args["domain_prefix"])
+        result["nodes"] = len(nodes)
+        result["classes"] = rollout_budget.budgets([dict(n, status="pending") for n in nodes], options)
+        if self._task.check_mode:
+            return result
+        plan = {"rollout_id": args["rollout_id"], "nodes": nodes, "options": args["options"],
+                "stages": [{"name": stage, "hosts": [n["name"] for n in nodes if n["stage"] == stage]}
+                           for stage in rollout_budget.STAGES]}
+        old = None
+        try:
+            with open(os.path.join(result["report_dir"], "plan.json"), "r", encoding="utf-8") as handle:
+                old = json.load(handle)
+        except (IOError, OSError, ValueError):
+            pass
+        if old:
+            plan = dict(old, nodes=nodes, options=args["options"], stages=plan["stages"])
+        result["plan_path"] = rollout_report.write_plan(result["report_dir"], plan)
+        return result
+
+    def _admit(self, result, args, options, directory):
+        node = args["node"]
+        if not node:
+            raise AnsibleActionFail("rollout_step: state=admit needs node")
+        if self._task.check_mode:
+            result["admitted"] = True
+            return result
+        plan = _load_plan(directory)
+        candidates = set(args["candidates"] or [node])
+        seen = None
+        while True:
+            with rollout_journal.locked(directory):
+                try:
+                    stamp = os.stat(os.path.join(directory, rollout_journal.JOURNAL)).st_mtime_ns
+                except OSError:
+                    stamp = 0
+                if stamp != seen:
+                    seen = stamp
+                    journal = rollout_journal.read(directory)
+                    mine = journal.get(node) or {}
+                    if mine.get("status") == "in_flight":
+                        result.update({"admitted": True, "resumed": True, "why": "resumes its transaction"})
+                        return result
+                    if mine.get("status") in ("done", "failed", "refused"):
+                        result.update({"admitted": False, "why": "already %s in this rollout" % mine["result"]})
+                        return result
+                    nodes = rollout_journal.fleet_state(plan, journal)
+                    decision = rollout_budget.decide(nodes, options, candidates=candidates)
+                    if node in decision["start"]:
+                        rollout_journal.append_in_lock(directory, {
+                            "event": "started", "node": node, "run_id": args["run_id"], "time": time.time()})
+                        result.update({"admitted": True, "resumed": False, "why": "a slot of class %s is free"
+                                       % next(n["class"] for n in nodes if n["name"] == node)})
+                        return result
+                    if decision["action"] in ("stop", "done"):
+                        result.update({"admitted": False, "why": (decision["stop"] or {}).get("reason") or "done",
+                                       "stop": decision["stop"]})
+                        return result
+                    if not decision["in_flight"] and not decision["start"]:
+                        result.update({"admitted": False, "why": "no slot can free up in this step"})
+                        return result
+            time.sleep(args["poll_s"])

@@ -1,0 +1,126 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The rollout journal: what each step started and how each node ended, append-only, on the controller.
+
+``<report_dir>/journal.jsonl`` holds one JSON object a line, appended under the report
+directory's ``fcntl.flock`` (:func:`locked`) and flushed with ``fsync``, so a
+controller killed anywhere leaves every line it wrote whole:
+
+* ``{"event": "started", "node", "run_id", "time"}`` — a step admitted the node into its budget
+  (before its transaction touched it);
+* ``{"event": "finished", "node", "status": "done" | "failed" | "refused", "result",
+  "changed", "signature", "implicates_driver", "target", "time", "run_id"}`` — its transaction
+  ended (for a golden or canary node: after its soak and the check after it);
+* ``{"event": "held", "node", "time"}`` — the node's transaction ended but it is still soaking:
+  it stays in flight.
+
+A node started and not finished is in flight: the next step resumes it first (its transaction
+reads its own state on the node and continues, or finds it done). Appending costs the same
+whatever the journal's length; reading it is linear in its lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from typing import Any, Dict, Iterator, List, Mapping
+
+JOURNAL = "journal.jsonl"
+
+
+@contextlib.contextmanager
+def locked(directory: str) -> Iterator[None]:
+    """Hold an exclusive ``fcntl.flock`` on ``<directory>/.lock`` (I/O: creates the directory)."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, ".lock"), "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def append(directory: str, event: Mapping[str, Any]) -> None:
+    """Append one event (I/O: creates the directory; ``fsync`` before the lock is released)."""
+    with locked(directory):
+        append_in_lock(directory, event)
+
+
+def append_in_lock(directory: str, event: Mapping[str, Any]) -> None:
+    """Append one event while the caller holds :func:`locked` on ``directory`` (I/O)."""
+    with open(os.path.join(directory, JOURNAL), "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(dict(event), sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
+    """Fold journal lines into the state of each node.
+
+    :param lines: an iterable of text lines (a line that is not a whole JSON object is skipped:
+        only the last line of a killed writer can be cut, and it said nothing yet).
+    :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
+        "finished_at", "result", "changed", "signature", "implicates_driver", "target",
+        "run_id"}}``; nodes the journal never named are absent (pending).
+    """
+    state = {}  # type: Dict[str, Dict[str, Any]]
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or not isinstance(event.get("node"), str):
+            continue
+        node = state.setdefault(event["node"], {})
+        kind = event.get("event")
+        if kind == "started":
+            node.clear()
+            node.update({"status": "in_flight", "started_at": event.get("time"), "run_id": event.get("run_id")})
+        elif kind == "held":
+            node["status"] = "in_flight"
+        elif kind == "finished" and event.get("status") in ("done", "failed", "refused"):
+            for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id"):
+                node[key] = event.get(key)
+            node["finished_at"] = event.get("time")
+    return state
+
+
+def read(directory: str) -> Dict[str, Dict[str, Any]]:
+    """The state of each node named in ``<directory>/journal.jsonl`` (I/O; ``{}`` when absent)."""
+    try:
+        with open(os.path.join(directory, JOURNAL), "r", encoding="utf-8") as handle:
+            return fold_lines(handle)
+    except (IOError, OSError):
+        return {}
+
+
+def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """The nodes for ``rollout_budget.decide``: the plan's nodes (in order) with their journal state.
+
+    :param plan: ``plan.json`` (``nodes``: ``[{"name", "stage", "class", "domain"}]``).
+    :param journal: :func:`read`.
+    :returns: ``[{"name", "stage", "class", "domain", "status", "signature"?,
+        "implicates_driver"?, "target"?, "changed"?, "finished_at"?}]``.
+    """
+    nodes = []
+    for node in plan.get("nodes") or []:
+        state = journal.get(node["name"]) or {}
+        row = dict(node)
+        row["status"] = state.get("status") or "pending"
+        for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result"):
+            if state.get(key) is not None:
+                row[key] = state[key]
+        nodes.append(row)
+    return nodes
+
+
+def status_of(result: str) -> str:
+    """The journal status of a rollout report result (``upgraded`` → ``done``, ...)."""
+    if result in ("upgraded", "skipped"):
+        return "done"
+    if result == "refused":
+        return "refused"
+    return "failed"

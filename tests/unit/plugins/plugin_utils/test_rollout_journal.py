@@ -1,0 +1,69 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The rollout journal and the choice of a step's hosts (plugin_utils.rollout_journal, action.rollout_step)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ansible_collections.gpufleet.nvidia.plugins.action import rollout_step
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal
+
+
+def test_fold_resumes_in_flight_and_skips_a_cut_line(tmp_path):
+    directory = str(tmp_path)
+    rollout_journal.append(directory, {"event": "started", "node": "n1", "run_id": "r1", "time": 1.0})
+    rollout_journal.append(directory, {"event": "started", "node": "n2", "run_id": "r1", "time": 2.0})
+    rollout_journal.append(directory, {"event": "held", "node": "n2", "time": 3.0})
+    rollout_journal.append(directory, {"event": "finished", "node": "n1", "status": "failed", "result": "rolled_back",
+                                       "signature": "xid 79", "implicates_driver": True, "time": 4.0})
+    with open(os.path.join(directory, "journal.jsonl"), "a") as handle:
+        handle.write('{"event": "started", "node": "n3"')   # a writer killed mid-line
+    state = rollout_journal.read(directory)
+    assert state["n1"]["status"] == "failed" and state["n1"]["signature"] == "xid 79"
+    assert state["n1"]["finished_at"] == 4.0
+    assert state["n2"]["status"] == "in_flight"
+    assert "n3" not in state
+    assert rollout_journal.status_of("skipped") == "done" and rollout_journal.status_of("flagged") == "failed"
+
+
+def test_plan_nodes_and_choice_resume_first(tmp_path):
+    groups = {"all": ["g", "c", "w1", "w2", "w3", "x1"], "gpu_h100": ["g", "c", "w1", "w2", "w3"],
+              "gpu_a100": ["x1"], "rack_1": ["w1", "x1"]}
+    nodes = rollout_step.plan_nodes({"golden": ["g"], "canary": ["c"], "waves": ["w1", "w2", "w3", "x1"]},
+                                    groups, "gpu_", "rack_")
+    assert [(n["name"], n["stage"], n["class"], n["domain"]) for n in nodes] == [
+        ("g", "golden", "gpu_h100", None), ("c", "canary", "gpu_h100", None), ("w1", "waves", "gpu_h100", "rack_1"),
+        ("w2", "waves", "gpu_h100", None), ("w3", "waves", "gpu_h100", None), ("x1", "waves", "gpu_a100", "rack_1")]
+    plan = {"nodes": nodes}
+    journal = {"g": {"status": "done", "changed": True}, "c": {"status": "in_flight"}}
+    state = rollout_journal.fleet_state(plan, journal)
+    decision, hosts = rollout_step.choose_hosts(state, rollout_budget.normalize_options({}), 4)
+    # The canary in flight resumes; the H100 waves wait for it, and so does x1: its class has no
+    # canary of its own and follows the fleet's. They join the step and wait there for their slot.
+    assert hosts == ["c", "x1", "w1", "w2"]
+    assert decision["action"] == "wait" and decision["stages"] == {"gpu_h100": "canary", "gpu_a100": "canary"}
+    journal["c"] = {"status": "done", "changed": True}
+    decision, hosts = rollout_step.choose_hosts(rollout_journal.fleet_state(plan, journal),
+                                                rollout_budget.normalize_options({}), 4)
+    # One H100 slot now (10 % of 5, at least 1), and the step takes the next H100 wave nodes to fill
+    # the slots that free up while it runs.
+    assert decision["start"] == ["w1", "x1"] and hosts == ["w1", "x1", "w2", "w3"]
+
+
+def test_unknown_variables_name_the_closest():
+    known = ["driver_branch", "node_upgrade_drain", "rollout_max_unavailable"]
+    found = rollout_step.unknown_variables(
+        ["driver_brnach", "node_upgrade_drian", "rollout_serail", "driver_branch", "ansible_host", "my_var"], known)
+    assert found == [("driver_brnach", "driver_branch"), ("node_upgrade_drian", "node_upgrade_drain"),
+                     ("rollout_serail", None)]
+
+
+def test_known_variables_cover_the_roles_and_playbooks():
+    names = rollout_step.known_variables()
+    for name in ("driver_branch", "node_upgrade_drain_timeout_s", "kernel_hold_packages_extra", "rollout_max_unavailable",
+                 "rollout_hosts", "drift_source", "gpu_policy_power_limit_w"):
+        assert name in names, name
+    assert json.dumps(sorted(names))
