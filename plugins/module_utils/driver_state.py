@@ -322,8 +322,7 @@ def kernel_release_from_uname(text: Optional[str]) -> Optional[str]:
 # (Debian 12, Ubuntu 22.04/24.04, RHEL 8/9), the Debian/Ubuntu archives and RPM Fusion /
 # negativo17 (see docs/facts.md and the package reference): the driver libraries and tools,
 # kernel module packages (DKMS, precompiled kmods, Ubuntu's linux-modules-nvidia-*), GSP
-# firmware, X driver, Fabric Manager, NSCQ, IMEX, NVSDM, nvidia-settings/libXNVCtrl and the
-# pinning packages. Not included: the CUDA toolkit, the container toolkit and other NVIDIA
+# firmware, X driver, Fabric Manager, NSCQ, IMEX, NVSDM and the pinning packages. Not included: the CUDA toolkit, the container toolkit and other NVIDIA
 # software with its own version numbers (see _NOT_DRIVER_PACKAGES).
 _DRIVER_PACKAGES = re.compile(
     r"^(?:"
@@ -343,7 +342,6 @@ _DRIVER_PACKAGES = re.compile(
     r"|akmod-nvidia.*"
     r"|dkms-nvidia.*"
     r"|linux-(?:modules|objects|signatures)-nvidia-.+"
-    r"|libxnvctrl.*"
     r"|libnvsdm.*"
     r"|dnf-plugin-nvidia"
     r"|yum-plugin-nvidia"
@@ -358,6 +356,7 @@ _NOT_DRIVER_PACKAGES = re.compile(
     r"|nvidia-fs.*|nvidia-gds.*"  # GPUDirect Storage: own version numbers
     r"|nvidia-mig-manager.*|nvidia-driver-assistant|nvidia-prime.*"
     r"|nvidia-l4t-.+|nvidia-jetpack.*"  # Jetson: L4T release numbers
+    r"|libxnvctrl.*"  # NV-CONTROL X client library (nvidia-settings): Debian pulls it in with Chromium
     r")$"
 )
 
@@ -370,7 +369,7 @@ def is_driver_package(name: str) -> bool:
     libraries, ``firmware-nvidia-*`` (GSP firmware), ``xserver-xorg-video-nvidia*``,
     ``xorg-x11-drv-nvidia*``, ``xorg-x11-nvidia``, ``kmod-nvidia*``, ``akmod-nvidia*``,
     ``dkms-nvidia*``, ``linux-modules-nvidia-*`` / ``linux-objects-nvidia-*`` /
-    ``linux-signatures-nvidia-*`` (Ubuntu precompiled modules), ``libxnvctrl*``, ``libnvsdm*``,
+    ``linux-signatures-nvidia-*`` (Ubuntu precompiled modules), ``libnvsdm*``,
     ``dnf-plugin-nvidia``. This takes in Fabric Manager (``nvidia-fabricmanager*``,
     ``nvidia-fabric-manager``), NSCQ (``libnvidia-nscq*``), IMEX (``nvidia-imex*``) and the
     pinning packages (``nvidia-driver-pinning-*``).
@@ -380,7 +379,9 @@ def is_driver_package(name: str) -> bool:
     ``libnvidia-container*``, ``nvidia-docker*``), cuDNN/TensorRT/profilers/Nsight, GPUDirect
     Storage (``nvidia-fs*``, ``nvidia-gds*``), ``nvidia-mig-manager``,
     ``nvidia-driver-assistant``, ``nvidia-prime`` and Jetson ``nvidia-l4t-*`` packages: they have
-    their own version numbers.
+    their own version numbers; ``libxnvctrl*`` (the NV-CONTROL X client library of
+    nvidia-settings): it talks to an X server, not to the kernel module, and Debian installs it
+    with Chromium on hosts that have no NVIDIA driver.
 
     :param name: a package name, with or without a ``:arch`` suffix.
     :returns: ``True`` for a driver package.

@@ -121,6 +121,9 @@ def _number_or_none(value: Any, key: str, errors: List[str]) -> Optional[float]:
     except ValueError:
         errors.append("%s must be a number, got %r" % (key, value))
         return None
+    if number != number or number in (float("inf"), float("-inf")):
+        errors.append("%s must be a finite number, got %r" % (key, value))
+        return None
     if number <= 0:
         errors.append("%s must be greater than 0, got %s" % (key, fmt_w(number)))
         return None

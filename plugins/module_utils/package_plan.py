@@ -812,8 +812,12 @@ def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: 
     **dependency conflict** (a pin, a hold or a missing package of the set), not a transient
     error: do not retry; show the "unmet dependencies" block.
 
+    Field case 34: ``Failed to fetch … 404 Not Found`` means the repository answered and the file
+    is gone: a stale index or a pinned version the archive withdrew (``withdrawn``), not an
+    outage; retrying the same command fails the same way.
+
     :returns: ``{"kind": "dependency_conflict"|"lock"|"network"|"dpkg_interrupted"|"not_found"|
-        "other", "retry": bool, "unmet": [lines], "message": str}``.
+        "withdrawn"|"other", "retry": bool, "unmet": [lines], "message": str}``.
     """
     text = "%s\n%s" % (stdout or "", stderr or "")
     unmet = []
@@ -838,6 +842,11 @@ def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: 
         kind, retry, message = "dpkg_interrupted", False, "dpkg was interrupted; run 'dpkg --configure -a'"
     elif "Unable to locate package" in text or "Version '" in text and "was not found" in text:
         kind, retry, message = "not_found", False, "a requested package or version is not in the repository"
+    elif re.search(r"\b404\s+Not Found\b", text):
+        kind, retry = "withdrawn", False
+        message = ("the repository answered 404 Not Found for a package of the pinned version: the package index "
+                   "is stale or the version was withdrawn; run apt-get update and check the exact version with "
+                   "apt-cache madison, or choose a published version or a mirror; not retried")
     elif re.search(r"(Temporary failure resolving|Failed to fetch|Could not connect|Connection failed)", text):
         kind, retry, message = "network", True, "the repository could not be reached"
     else:

@@ -263,7 +263,7 @@ def test_dpkg_l_all_packages_when_asked():
         ("kmod-nvidia-open-dkms", True),
         ("nvidia-imex", True),
         ("libnvidia-nscq-575", True),
-        ("libxnvctrl0", True),
+        ("libxnvctrl0", False),
         ("libglx-nvidia0", True),
         ("libgl1-nvidia-glvnd-glx", True),
         ("linux-modules-nvidia-580-server-open-6.8.0-45-generic", True),

@@ -244,3 +244,10 @@ def test_diff_view_projects_changes_in_check_mode_and_reads_back_after():
     assert after == {"gpu0": {"power_limit_w": 500.0, "ecc_mode": False}}
     read_back = [make_gpu(0, limit=500.0, ecc=(True, False))]
     assert diff_view(plan, read_back)[1] == {"gpu0": {"power_limit_w": 500.0, "ecc_mode": False}}
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", float("inf"), "-inf", float("nan")])
+def test_power_limit_nan_and_inf_are_refused_with_the_value_named(value):
+    with pytest.raises(PolicyError) as err:
+        normalize_policy({"power_limit_w": value})
+    assert "power_limit_w must be a finite number, got %r" % (value,) in str(err.value)

@@ -494,3 +494,16 @@ def test_a_failed_transaction_leaves_held_packages_that_are_not_installed_and_th
     assert "--allow-downgrades" in step(plan, "install the driver set")["argv"]
     # The kernel's hold is not the driver's to release.
     assert "linux-image-amd64" not in plan["unhold"]
+
+
+def test_case_34_404_for_the_pinned_version_is_withdrawn_not_an_outage():
+    """Field case 34: the repository answered 404 for the pinned packages: stale index or withdrawn version."""
+    folder = "34-apt-exact-pin-superseded-404"
+    stderr = case(folder, "input-role-72-stderr-lines.txt")
+    verdict = pp.classify_apt_failure(100, case(folder, "input-role-72-stdout-fragment.txt"), stderr)
+    assert (verdict["kind"], verdict["retry"]) == ("withdrawn", False)
+    assert "apt-cache madison" in verdict["message"]
+    # A repository that cannot be reached is still an outage, and retried.
+    outage = pp.classify_apt_failure(100, "", "E: Failed to fetch http://mirror/pool/x.deb  Temporary failure "
+                                               "resolving 'mirror'")
+    assert (outage["kind"], outage["retry"]) == ("network", True)
