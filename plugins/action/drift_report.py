@@ -9,11 +9,10 @@ import time
 from datetime import datetime, timezone
 
 from ansible.errors import AnsibleActionFail
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import drift
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_output, fact_sources
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 
 ARGUMENT_SPEC = {
     "source": {"type": "str", "default": "live", "choices": ["live", "dir", "jsonfile"]},
@@ -72,20 +71,16 @@ def _declared_vars(hostvars, host):
     return out
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
     """Collect facts and declarations, judge them with module_utils.drift, write the outputs."""
 
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+    NAME = "drift_report"
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         task_vars = task_vars or {}
-        validation = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
-        if validation.error_messages:
-            raise AnsibleActionFail("drift_report: %s" % "; ".join(validation.error_messages))
-        args = validation.validated_parameters
+        args = self.validated_args()
         started = time.time()
         groups = task_vars.get("groups") or {}
         hosts = args["hosts"]

@@ -11,10 +11,9 @@ import time
 from datetime import datetime, timezone
 
 from ansible.errors import AnsibleActionFail
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "required": True, "choices": ["start", "probe", "record", "finish", "render"]},
@@ -86,19 +85,15 @@ def _now():
     return stamp, datetime.fromtimestamp(stamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
     """Start a rollout (plan, run identity), probe a lock holder, record a node, render the report."""
 
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+    NAME = "rollout_report"
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
-        validation = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
-        if validation.error_messages:
-            raise AnsibleActionFail("rollout_report: %s" % "; ".join(validation.error_messages))
-        args = validation.validated_parameters
+        args = self.validated_args()
         state = args["state"]
         stamp, iso = _now()
         result["changed"] = False

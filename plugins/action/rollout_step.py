@@ -13,10 +13,9 @@ import time
 import yaml
 from ansible import context
 from ansible.errors import AnsibleActionFail
-from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
-from ansible.plugins.action import ActionBase
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "required": True, "choices": ["plan", "choose", "admit"]},
@@ -144,19 +143,15 @@ def choose_hosts(nodes, options, limit):
     return decision, hosts[:limit]
 
 
-class ActionModule(ActionBase):
+class ActionModule(ControllerAction):
     """plan: validate and write the plan; choose: the next step's hosts; admit: wait for a slot."""
 
-    TRANSFERS_FILES = False
-    _requires_connection = False
-    _supports_check_mode = True
+    NAME = "rollout_step"
+    ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
-        validation = ArgumentSpecValidator(ARGUMENT_SPEC).validate(self._task.args)
-        if validation.error_messages:
-            raise AnsibleActionFail("rollout_step: %s" % "; ".join(validation.error_messages))
-        args = validation.validated_parameters
+        args = self.validated_args()
         directory = os.path.abspath(args["report_dir"])
         result["changed"] = False
         result["report_dir"] = directory
