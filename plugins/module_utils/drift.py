@@ -11,7 +11,8 @@ actual, message}`` per node, rolled up per class and for the fleet (:func:`build
 
 Checks (:data:`CHECKS`) and their severity:
 
-* ``facts_missing`` (critical), ``facts_stale`` (warning);
+* ``facts_missing`` (critical): no facts, or a value that is not a facts document
+  (:func:`facts_problem`); ``facts_stale`` (warning);
 * ``driver_state`` (critical): ``driver.state`` is not ``ok``;
 * ``driver_branch`` (critical): the loaded branch is not the declared one (a branch class such
   as ``ltsb`` is resolved for the node's GPU architectures with the branch catalog, so a V100
@@ -81,6 +82,91 @@ DECLARED_VARIABLES = (
     "gpu_policy_ecc_mode", "gpu_policy_compute_mode", "gpu_policy_mig_config", "gpu_policy_mig_label",
     "gpu_policy_mig_layout", "gpufleet_gpu_count",
 )
+
+
+#: Fields of a GPU record that are mappings (or null) in the facts schema (docs/facts.md).
+_GPU_MAPPINGS = ("power", "ecc", "remapped_rows", "retired_pages", "mig", "clocks", "memory", "pcie")
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _list_of(value: Any, what: str, element: Any, element_name: str) -> Optional[str]:
+    """Problem text when ``value`` is neither null nor a list of ``element`` instances."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        return "%s is a %s, expected a list" % (what, _kind(value))
+    for number, item in enumerate(value):
+        if not isinstance(item, element) or isinstance(item, bool) and element is not bool:
+            return "%s[%d] is a %s, expected %s" % (what, number, _kind(item), element_name)
+    return None
+
+
+def _number_or_null(value: Any) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def facts_problem(facts: Any) -> Optional[str]:
+    """Why ``facts`` is not an ``ansible_facts.nvidia`` document the drift checks can read.
+
+    Only the shape of what the checks read is checked, not the values: the document and its
+    ``driver`` are mappings; ``driver.loaded_version``/``userspace_version``/``on_disk_version``
+    are strings or null; ``driver.state_reasons`` is a list of strings, ``driver.packages`` a
+    list of mappings; ``gpus`` a list of mappings, each with ``errors`` a list of strings and
+    ``power``, ``ecc``, ``remapped_rows``, ``retired_pages``, ``mig``, ``clocks``, ``memory``,
+    ``pcie`` mappings and ``mig.devices`` a list of mappings; ``gpu_count`` a number;
+    ``xid_events`` a list of mappings whose ``xid`` and ``count`` are numbers; ``xid_summary`` a
+    mapping with ``by_xid`` a mapping and ``fatal_xids`` a list of numbers. Null stands for an
+    empty value everywhere but for the document and ``driver`` (schema: docs/facts.md).
+
+    :param facts: what a fact source holds for a node (any JSON value).
+    :returns: ``None`` when the shape is right, else one sentence naming the first wrong field,
+        e.g. ``"driver is a str, expected a mapping"``.
+    :raises: nothing.
+    """
+    if not isinstance(facts, Mapping):
+        return "the document is a %s, expected a mapping" % _kind(facts)
+    driver = facts.get("driver")
+    if not isinstance(driver, Mapping):
+        return "driver is a %s, expected a mapping" % _kind(driver)
+    for key in ("loaded_version", "userspace_version", "on_disk_version"):
+        if driver.get(key) is not None and not isinstance(driver.get(key), str):
+            return "driver.%s is a %s, expected a string" % (key, _kind(driver.get(key)))
+    problem = (_list_of(driver.get("state_reasons"), "driver.state_reasons", str, "a string")
+               or _list_of(driver.get("packages"), "driver.packages", Mapping, "a mapping")
+               or _list_of(facts.get("gpus"), "gpus", Mapping, "a mapping")
+               or _list_of(facts.get("xid_events"), "xid_events", Mapping, "a mapping"))
+    if problem:
+        return problem
+    if not _number_or_null(facts.get("gpu_count")):
+        return "gpu_count is a %s, expected a number" % _kind(facts.get("gpu_count"))
+    for number, gpu in enumerate(facts.get("gpus") or []):
+        problem = _list_of(gpu.get("errors"), "gpus[%d].errors" % number, str, "a string")
+        if problem:
+            return problem
+        for key in _GPU_MAPPINGS:
+            if gpu.get(key) is not None and not isinstance(gpu.get(key), Mapping):
+                return "gpus[%d].%s is a %s, expected a mapping" % (number, key, _kind(gpu.get(key)))
+        problem = _list_of((gpu.get("mig") or {}).get("devices"), "gpus[%d].mig.devices" % number,
+                           Mapping, "a mapping")
+        if problem:
+            return problem
+    for number, event in enumerate(facts.get("xid_events") or []):
+        for key in ("xid", "count"):
+            if not _number_or_null(event.get(key)):
+                return "xid_events[%d].%s is a %s, expected a number" % (number, key, _kind(event.get(key)))
+    summary = facts.get("xid_summary")
+    if summary is not None:
+        if not isinstance(summary, Mapping):
+            return "xid_summary is a %s, expected a mapping" % _kind(summary)
+        if summary.get("by_xid") is not None and not isinstance(summary.get("by_xid"), Mapping):
+            return "xid_summary.by_xid is a %s, expected a mapping" % _kind(summary.get("by_xid"))
+        problem = _list_of(summary.get("fatal_xids"), "xid_summary.fatal_xids", (int, float), "a number")
+        if problem:
+            return problem
+    return None
 
 
 def severity_rank(severity: Optional[str]) -> int:
@@ -222,11 +308,16 @@ class DriftEngine(object):
         """Findings for one node.
 
         :param node: inventory name; :param klass: GPU class (group name).
-        :param facts: ``ansible_facts.nvidia`` or ``None``.
+        :param facts: ``ansible_facts.nvidia`` or ``None``. A value that is not a facts document
+            (:func:`facts_problem`: a string, a list, a ``driver`` that is not a mapping...) gives
+            one ``facts_missing`` finding whose ``actual`` says what is wrong.
         :param declared: :func:`declared_state` of the node's variables.
         :param facts_age_s: age of the facts in seconds (fact cache file time), if known.
         :returns: a list of findings ``{node, class, check, severity, gpu, expected, actual,
             message}`` (``gpu`` is an NVML index or ``None`` for node-wide findings).
+        :raises: nothing for a wrongly shaped document; a value of a wrong type deeper in it (a
+            power limit that is a string) may raise ``TypeError``/``ValueError``, which
+            :func:`build_report` turns into a ``facts_missing`` finding of that node.
         """
         out = []  # type: List[Dict[str, Any]]
 
@@ -234,8 +325,15 @@ class DriftEngine(object):
             out.append({"node": node, "class": klass, "check": check, "severity": CHECKS[check][0], "gpu": gpu,
                         "expected": expected, "actual": actual, "message": message})
 
-        if not isinstance(facts, Mapping) or not isinstance(facts.get("driver"), Mapping):
+        if facts is None or (isinstance(facts, Mapping) and facts.get("driver") is None):
             add("facts_missing", "no NVIDIA facts for this node (run gpu_facts, or check the fact cache)")
+            return out
+        problem = facts_problem(facts)
+        if problem:
+            # A wrongly shaped document (a string, a list, a driver that is not a mapping...) is
+            # no facts at all for this node; the other nodes are judged as usual.
+            add("facts_missing", "the NVIDIA facts of this node are not a facts document (%s); run gpu_facts "
+                "again" % problem, actual=problem)
             return out
         if self.max_age_s is not None and facts_age_s is not None and facts_age_s > self.max_age_s:
             add("facts_stale", "facts are %d s old (allowed %d s)" % (facts_age_s, self.max_age_s),
@@ -385,7 +483,10 @@ def build_report(nodes: Iterable[Mapping[str, Any]], engine: Optional[DriftEngin
         "drifted_nodes": [names]}}, "nodes": {name: {"class", "in_sync", "worst_severity",
         "findings": [...], "driver": {"loaded", "state"}}}, "findings": [all findings, node order]}``.
         A node is ``in_sync`` when it has no finding above ``info``; ``missing`` when its facts
-        are missing.
+        are missing, are not a facts document (:func:`facts_problem`) or could not be judged
+        (a value of a wrong type deep in them: ``AttributeError``, ``TypeError``, ``ValueError``,
+        ``KeyError``, ``IndexError`` of its checks); one such node never stops the report.
+    :raises: nothing for any node's facts.
     """
     engine = engine or DriftEngine()
     summary = {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "findings": 0,
@@ -397,11 +498,20 @@ def build_report(nodes: Iterable[Mapping[str, Any]], engine: Optional[DriftEngin
         name = item["node"]
         klass = item.get("class") or "unclassified"
         facts = item.get("facts")
-        found = engine.node_findings(name, klass, facts, item.get("declared") or {}, item.get("facts_age_s"))
+        try:
+            found = engine.node_findings(name, klass, facts, item.get("declared") or {}, item.get("facts_age_s"))
+        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as err:
+            # A value of the wrong type deep in one node's facts: that node cannot be judged, the
+            # others still are.
+            found = [{"node": name, "class": klass, "check": "facts_missing", "severity": CHECKS["facts_missing"][0],
+                      "gpu": None, "expected": None, "actual": "%s: %s" % (type(err).__name__, err),
+                      "message": "the NVIDIA facts of this node could not be judged (%s: %s); run gpu_facts "
+                                 "again" % (type(err).__name__, err)}]
         worst = max([severity_rank(f["severity"]) for f in found] or [-1])
         in_sync = worst < severity_rank("warning")
         missing = any(f["check"] == "facts_missing" for f in found)
-        driver = (facts or {}).get("driver") or {} if isinstance(facts, Mapping) else {}
+        driver = facts.get("driver") if isinstance(facts, Mapping) else None
+        driver = driver if isinstance(driver, Mapping) else {}
         per_node[name] = {
             "class": klass,
             "in_sync": in_sync,

@@ -41,6 +41,11 @@ it lasts). When the lines carry no time, lines fold while no other Xid on the sa
 between. A boot separator ends every incident. An unnumbered "fallen off the bus" line next to a
 numbered Xid 79 of the same device is the same failure told twice and does not add to ``count``.
 
+Bounds: per (device, Xid) the first incident and the newest ones are kept one by one
+(:data:`XID_EVENTS_PER_KEY` in all), the others fold into *elided* entries that keep their line
+and incident counts, so a storm of 100,000 lines gives a few dozen events and the counts stay
+exact (see :func:`parse_kernel_log`). Parsing is linear in the size of the text.
+
 Rate limiting: when the kernel or the driver says it dropped messages, the counts are lower
 bounds. Recognised: the driver's own ``NVRM: Rate limiting ... prints ...`` line, ``<function>:
 N callbacks suppressed`` where the function is NVIDIA's (``nv*``, ``NVRM``, ``nvidia*``, ``os_*``)
@@ -54,8 +59,9 @@ Compatible with Python 3.9; standard library only.
 from __future__ import annotations
 
 import re
+from collections import deque
 from datetime import datetime
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Deque, Dict, Iterable, List, Optional, Tuple, Union
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import normalize_pci_bus_id
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import (
@@ -67,6 +73,18 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import
 )
 
 DEFAULT_INCIDENT_WINDOW_S = 60.0
+
+#: Individual incidents kept in ``events`` per (PCI bus id, Xid): the first one and the newest
+#: ``XID_EVENTS_PER_KEY - 1``; the others are folded into elided entries (see :func:`parse_kernel_log`).
+XID_EVENTS_PER_KEY = 8
+
+#: Distinct (PCI bus id, Xid) pairs whose events are kept; incidents of further pairs are folded
+#: into one elided entry per (Xid, fatal) with ``pci_bus_id`` ``None``, at most this many again.
+MAX_XID_KEYS = 128
+
+#: Characters kept of an event's ``message`` and ``first_line`` (the kernel prints at most about
+#: 1,000 per line; a message joined from continuation lines can be longer).
+MAX_MESSAGE_CHARS = 1024
 
 _MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
 _DOW = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
@@ -108,9 +126,13 @@ EventDict = Dict[str, Any]
 
 
 class _Record:
-    """One kernel message: its first physical line plus continuation lines."""
+    """One kernel message: its first physical line plus continuation lines.
 
-    __slots__ = ("first_line", "text", "mono", "wall", "stamped", "marker", "has_nvrm")
+    Continuation pieces are collected in a list and joined once (:meth:`finish`): joining them one
+    by one would copy the text for every line, quadratic in a long message.
+    """
+
+    __slots__ = ("first_line", "text", "mono", "wall", "stamped", "marker", "has_nvrm", "_pieces")
 
     def __init__(self, first_line: str, text: str, mono: Optional[float], wall: Optional[str],
                  stamped: bool, marker: bool) -> None:
@@ -121,6 +143,7 @@ class _Record:
         self.stamped = stamped
         self.marker = marker
         self.has_nvrm = "NVRM" in text
+        self._pieces = None  # type: Optional[List[str]]
 
     def add(self, continuation: str) -> None:
         piece = continuation.strip()
@@ -128,7 +151,14 @@ class _Record:
             self.has_nvrm = True
             piece = piece[len("NVRM:"):].strip()
         if piece:
-            self.text = "%s %s" % (self.text, piece) if self.text else piece
+            if self._pieces is None:
+                self._pieces = [self.text] if self.text else []
+            self._pieces.append(piece)
+
+    def finish(self) -> None:
+        if self._pieces is not None:
+            self.text = " ".join(self._pieces)
+            self._pieces = None
 
 
 def _split_prefix(line: str) -> Tuple[Optional[float], Optional[str], str, bool]:
@@ -136,7 +166,8 @@ def _split_prefix(line: str) -> Tuple[Optional[float], Optional[str], str, bool]
     rest = _DECODE.sub("", _LEVEL.sub("", line, count=1), count=1)
     mono = None  # type: Optional[float]
     wall = None  # type: Optional[str]
-    syslog = _SYSLOG.search(rest)
+    # " kernel: " is part of every syslog prefix: a cheap test before the search anywhere in the line.
+    syslog = _SYSLOG.search(rest) if " kernel: " in rest else None
     if syslog:
         wall = syslog.group("wall")
         rest = rest[syslog.end():]
@@ -174,6 +205,8 @@ def _records(text: str) -> List[_Record]:
             previous.add(line)
             continue
         records.append(_Record(line, rest, mono, wall, stamped, False))
+    for record in records:
+        record.finish()
     return records
 
 
@@ -238,9 +271,13 @@ def _pid_and_process(message: str) -> Tuple[Optional[int], Optional[str]]:
 
 
 def _is_rate_limit(text: str) -> bool:
-    if _NV_RATE.search(text) or _PRINTK_SUPPRESSED.search(text):
+    # Substring tests first: the searches are run only on the few lines that can match them.
+    lower = text.lower()
+    if "nvrm:" in lower and "rate" in lower and _NV_RATE.search(text):
         return True
-    match = _CALLBACKS.search(text)
+    if "messages suppressed" in text and _PRINTK_SUPPRESSED.search(text):
+        return True
+    match = _CALLBACKS.search(text) if "callbacks suppressed" in text else None
     if match:
         return bool(_NV_FUNC.match(match.group("func")) or "NVRM" in text[:match.start()])
     return False
@@ -270,25 +307,129 @@ def _apply_class(event: EventDict, entry: Dict[str, Any]) -> None:
     event["known"] = entry["known"]
 
 
+def _message_refined(xid: int) -> bool:
+    """Whether :func:`xid_catalog.classify` reads the message of this Xid: 154 and 144-150 only,
+    as its docstring says; for every other Xid the class depends on the number alone."""
+    return xid == 154 or 144 <= xid <= 150
+
+
+def _clip(text: Optional[str]) -> Optional[str]:
+    """``text`` cut to :data:`MAX_MESSAGE_CHARS` characters (``...`` marks a cut)."""
+    if text is None or len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return text[:MAX_MESSAGE_CHARS - 3] + "..."
+
+
+class _Elided:
+    """Incidents that were not kept one by one, folded into one entry (see :func:`parse_kernel_log`)."""
+
+    __slots__ = ("event", "first_seq", "last_seq")
+
+    def __init__(self, seq: int, event: EventDict, bus: Optional[str]) -> None:
+        self.event = dict(event)
+        self.event["pci_bus_id"] = bus
+        self.event["elided"] = True
+        self.first_seq = seq
+        self.last_seq = seq
+
+    def fold(self, seq: int, event: EventDict) -> None:
+        entry = self.event
+        entry["count"] += event["count"]
+        entry["incidents"] += event["incidents"]
+        if seq < self.first_seq:
+            self.first_seq = seq
+            for key in ("message", "time", "wall_time", "epoch_s", "pid", "process", "first_line"):
+                entry[key] = event[key]
+        if seq > self.last_seq:
+            self.last_seq = seq
+            entry["last_time"] = event["last_time"]
+        if severity_rank(event["severity"]) > severity_rank(entry["severity"]):
+            for key in ("name", "severity", "action", "fatal", "known"):
+                entry[key] = event[key]
+
+
+class _KeyEvents:
+    """The events kept for one (PCI bus id, Xid): the first, the newest, the rest elided."""
+
+    __slots__ = ("bus", "first", "recent", "elided", "overflow")
+
+    def __init__(self, bus: Optional[str], overflow: bool) -> None:
+        self.bus = bus
+        self.overflow = overflow
+        self.first = None  # type: Optional[Tuple[int, EventDict]]
+        # An overflow key keeps only its open incident; every closed one goes to the overflow entries.
+        self.recent = deque(maxlen=None)  # type: Deque[Tuple[int, EventDict]]
+        self.elided = {}  # type: Dict[bool, _Elided]
+
+
 class _Incidents:
-    """Folds Xid lines into events per (device, Xid) and incident."""
+    """Folds Xid lines into events per (device, Xid) and incident, keeping a bounded number."""
 
     def __init__(self, window_s: float, boot_time: Optional[float]) -> None:
         self.window_s = window_s
         self.boot_time = boot_time
-        self.events = []  # type: List[EventDict]
+        self.dropped_lines = 0
+        self._seq = 0
+        self._keys = {}  # type: Dict[Tuple[Optional[str], int], _KeyEvents]
+        self._overflow = {}  # type: Dict[Tuple[int, bool], _Elided]
         self._open = {}  # type: Dict[Tuple[Optional[str], int], Dict[str, Any]]
         self._last_on_device = {}  # type: Dict[Optional[str], Tuple[Optional[str], int]]
+        self._classes = {}  # type: Dict[Tuple[int, Optional[str]], Dict[str, Any]]
 
     def reset(self) -> None:
         self._open = {}
         self._last_on_device = {}
+
+    def _classify(self, xid: int, message: str) -> Dict[str, Any]:
+        """:func:`xid_catalog.classify`, remembered per Xid (classify copies a catalog entry each call)."""
+        key = (xid, message if _message_refined(xid) else None)
+        entry = self._classes.get(key)
+        if entry is None:
+            if len(self._classes) >= 4096:
+                self._classes = {}
+            entry = classify(xid, message)
+            self._classes[key] = entry
+        return entry
 
     def _folds(self, key: Tuple[Optional[str], int], state: Dict[str, Any], record: _Record) -> bool:
         kind, seconds = _clock_of(record)
         if kind is not None and kind == state["clock"] and state["seconds"] is not None:
             return abs(seconds - state["seconds"]) <= self.window_s
         return self._last_on_device.get(key[0]) == key
+
+    def _elide(self, store: _KeyEvents, seq: int, event: EventDict) -> None:
+        """Fold a closed incident into the elided entry of its key (or of its Xid, for an overflow key)."""
+        fatal = bool(event["fatal"])
+        if store.overflow:
+            slot = (event["xid"], fatal)
+            elided = self._overflow.get(slot)
+            if elided is None:
+                if len(self._overflow) >= MAX_XID_KEYS:
+                    self.dropped_lines += event["count"]
+                    return
+                self._overflow[slot] = _Elided(seq, event, None)
+            else:
+                elided.fold(seq, event)
+            return
+        elided = store.elided.get(fatal)
+        if elided is None:
+            store.elided[fatal] = _Elided(seq, event, store.bus)
+        else:
+            elided.fold(seq, event)
+
+    def _keep(self, key: Tuple[Optional[str], int], seq: int, event: EventDict) -> None:
+        store = self._keys.get(key)
+        if store is None:
+            store = _KeyEvents(key[0], overflow=len(self._keys) >= MAX_XID_KEYS)
+            self._keys[key] = store
+        if store.first is None and not store.overflow:
+            store.first = (seq, event)
+            return
+        limit = 1 if store.overflow else XID_EVENTS_PER_KEY - 1
+        if len(store.recent) >= limit:
+            old_seq, old_event = store.recent.popleft()
+            self._elide(store, old_seq, old_event)
+        store.recent.append((seq, event))
 
     def add(self, bus: Optional[str], xid: int, message: str, record: _Record, numbered: bool) -> None:
         key = (bus, xid)
@@ -307,8 +448,8 @@ class _Incidents:
             if numbered and not state["had_numbered"]:
                 # The numbered line carries the driver's own message: prefer it.
                 state["had_numbered"] = True
-                event["message"] = message
-            entry = classify(xid, message)
+                event["message"] = _clip(message)
+            entry = self._classify(xid, message)
             if severity_rank(entry["severity"]) > severity_rank(event["severity"]):
                 _apply_class(event, entry)
         else:
@@ -318,23 +459,24 @@ class _Incidents:
                 "pci_bus_id": bus,
                 "xid": xid,
                 "name": None,
-                "message": message,
+                "message": _clip(message),
                 "time": time,
                 "last_time": time,
                 "wall_time": record.wall,
                 "epoch_s": (round(self.boot_time + record.mono, 6)
                             if self.boot_time is not None and record.mono is not None else None),
                 "count": 1,
+                "incidents": 1,
+                "elided": False,
                 "severity": None,
                 "action": None,
                 "fatal": None,
                 "known": None,
                 "pid": pid,
                 "process": process,
-                "first_line": record.first_line.strip(),
+                "first_line": _clip(record.first_line.strip()),
             }
-            _apply_class(event, classify(xid, message))
-            self.events.append(event)
+            _apply_class(event, self._classify(xid, message))
             self._open[key] = {
                 "event": event,
                 "clock": kind,
@@ -343,7 +485,26 @@ class _Incidents:
                 "unnumbered": 0 if numbered else 1,
                 "had_numbered": numbered,
             }
+            self._seq += 1
+            self._keep(key, self._seq, event)
         self._last_on_device[bus] = key
+
+    def events(self) -> List[EventDict]:
+        """The kept events, individual and elided, in the order of their first line."""
+        kept = []  # type: List[Tuple[int, EventDict]]
+        for store in self._keys.values():
+            if store.overflow:
+                while store.recent:
+                    seq, event = store.recent.popleft()
+                    self._elide(store, seq, event)
+                continue
+            if store.first is not None:
+                kept.append(store.first)
+            kept.extend(store.recent)
+            kept.extend((elided.first_seq, elided.event) for elided in store.elided.values())
+        kept.extend((elided.first_seq, elided.event) for elided in self._overflow.values())
+        kept.sort(key=lambda item: item[0])
+        return [event for _seq, event in kept]
 
 
 def _fallen_off_bus(record: _Record, previous: Optional[_Record]) -> Optional[Tuple[Optional[str], str]]:
@@ -360,12 +521,13 @@ def _fallen_off_bus(record: _Record, previous: Optional[_Record]) -> Optional[Tu
     return (_bus_id(match.group("bus")) if match else None), message
 
 
-def _api_mismatch(record: _Record, following: List[_Record]) -> Optional[Dict[str, Any]]:
+def _api_mismatch(record: _Record, records: List[_Record], start: int) -> Optional[Dict[str, Any]]:
+    """The API mismatch told by ``record``, read on into at most 4 records from ``records[start]``."""
     if "API mismatch" not in record.text:
         return None
     text = record.text
     match = _API_MISMATCH.search(text)
-    for extra in following[:4]:
+    for extra in records[start:start + 4]:
         if match is not None or extra.stamped or extra.marker:
             break
         text = "%s %s" % (text, re.sub(r"^NVRM:\s*", "", extra.text))
@@ -395,19 +557,33 @@ def parse_kernel_log(text: str, boot_time: Optional[float] = None,
     :param incident_window_s: seconds between two lines of the same Xid on the same device
         that still fold into one event (see the module docstring), default 60.
     :returns: ``{"events": [event, ...], "rate_limited": bool, "rate_limit_lines": [str],
-        "api_mismatches": [mismatch, ...], "incident_window_s": float}``. Events are in the
-        order of their first line; each is ``{"pci_bus_id": "0000:9b:00.0" | None, "xid": int,
-        "name": str, "message": str, "time": float (seconds since boot) | str (the printed wall
-        time, when the line has no seconds-since-boot stamp) | None, "last_time": same for the
-        incident's last line, "wall_time": str | None, "epoch_s": float | None, "count": int
-        (lines folded; a lower bound when ``rate_limited``), "severity": str, "action": str,
-        "fatal": bool, "known": bool, "pid": int | None, "process": str | None (the process
-        the driver named), "first_line": str (the incident's first log line, verbatim)}``;
-        ``name``/``severity``/``action``/``fatal``/``known`` come from
-        :func:`xid_catalog.classify` (the worst seen in the incident). ``rate_limited`` is
-        true when a line says the kernel or the driver dropped messages; those lines are
-        listed in ``rate_limit_lines``. ``api_mismatches`` is
+        "api_mismatches": [mismatch, ...], "incident_window_s": float, "dropped_lines": int}``.
+        Events are in the order of their first line; each is ``{"pci_bus_id": "0000:9b:00.0" |
+        None, "xid": int, "name": str, "message": str, "time": float (seconds since boot) | str
+        (the printed wall time, when the line has no seconds-since-boot stamp) | None,
+        "last_time": same for the incident's last line, "wall_time": str | None, "epoch_s":
+        float | None, "count": int (lines folded; a lower bound when ``rate_limited``),
+        "incidents": int (incidents the entry stands for: 1, more for an elided entry),
+        "elided": bool, "severity": str, "action": str, "fatal": bool, "known": bool, "pid": int
+        | None, "process": str | None (the process the driver named), "first_line": str (the
+        incident's first log line, verbatim)}``; ``message`` and ``first_line`` are cut to
+        :data:`MAX_MESSAGE_CHARS` characters. ``name``/``severity``/``action``/``fatal``/``known``
+        come from :func:`xid_catalog.classify` (the worst seen in the incident).
+        ``rate_limited`` is true when a line says the kernel or the driver dropped messages;
+        those lines are listed in ``rate_limit_lines``. ``api_mismatches`` is
         :func:`parse_nvrm_api_mismatch` of the same text.
+
+        Bounds, so that a storm cannot flood a fact cache: per (PCI bus id, Xid) the first
+        incident and the newest ``XID_EVENTS_PER_KEY - 1`` (7) are kept one by one; the others
+        are folded into one *elided* entry per fatal class (``elided: true``): ``count`` is the
+        sum of their lines, ``incidents`` their number, ``time``/``message``/``first_line``/
+        ``pid``/``process``/``wall_time``/``epoch_s`` those of the first of them, ``last_time``
+        that of the last, the classification the worst. So the sum of ``count`` per Xid (and
+        fatal class) over ``events`` is the number of lines, whatever was elided. Incidents of
+        (bus id, Xid) pairs after the first :data:`MAX_XID_KEYS` (128) are all elided, into one
+        entry per (Xid, fatal class) with ``pci_bus_id`` ``None``; when those entries are
+        :data:`MAX_XID_KEYS` already, further lines are only counted in ``dropped_lines``
+        (0 for any real log). At most 128 × (8 + 2) + 128 entries.
     :raises: nothing; unreadable lines are skipped.
     Sources: NVIDIA kernel driver (NVRM) log lines; Xid catalog in ``xid_catalog``.
     """
@@ -433,17 +609,45 @@ def parse_kernel_log(text: str, boot_time: Optional[float] = None,
             elif _is_rate_limit(record.text):
                 rate_limit_lines.append(record.first_line.strip())
             else:
-                mismatch = _api_mismatch(record, records[index + 1:])
+                mismatch = _api_mismatch(record, records, index + 1)
                 if mismatch is not None:
                     mismatches.append(mismatch)
         previous = record
+    events = incidents.events()
     return {
-        "events": incidents.events,
+        "events": events,
         "rate_limited": bool(rate_limit_lines),
         "rate_limit_lines": rate_limit_lines,
         "api_mismatches": mismatches,
         "incident_window_s": window,
+        "dropped_lines": incidents.dropped_lines,
     }
+
+
+def keep_newest(text: Union[str, bytes, None], limit: int) -> Tuple[Union[str, bytes, None], int]:
+    """The newest part of a kernel log that is longer than a reading limit, in whole lines.
+
+    A kernel log is oldest first and its newest lines matter most (the fatal Xid that took the GPU
+    down), so a log over the limit loses its beginning, never its end.
+
+    :param text: the log (``str``, or ``bytes`` as read from a file), or ``None``. It may be the
+        end of a longer log: only the first line, which the cut may have split, is judged.
+    :param limit: the most characters (bytes for ``bytes``) to keep, > 0.
+    :returns: ``(kept, left_out)``: ``kept`` is ``text`` itself when it is at most ``limit``
+        long, else its last ``limit`` characters less the partial line they start with;
+        ``left_out`` is the number of characters (bytes) not kept, 0 when nothing was cut.
+    :raises ValueError: when ``limit`` is not positive.
+    """
+    if limit <= 0:
+        raise ValueError("limit must be positive, got %r" % (limit,))
+    if text is None or len(text) <= limit:
+        return text, 0
+    newline = b"\n" if isinstance(text, bytes) else "\n"
+    start = len(text) - limit
+    if text[start - 1:start] != newline:
+        cut = text.find(newline, start)
+        start = len(text) if cut < 0 else cut + 1
+    return text[start:], start
 
 
 def parse_nvrm_api_mismatch(text: str) -> List[Dict[str, Any]]:
@@ -470,21 +674,31 @@ def summarize_xids(events: Union[Dict[str, Any], Iterable[EventDict]],
                    rate_limited: Optional[bool] = None) -> Dict[str, Any]:
     """Summarise Xid events for gates and reports.
 
-    :param events: the result of :func:`parse_kernel_log` (its ``events`` and ``rate_limited``
-        are used), or a list of its events (e.g. ``ansible_facts.nvidia.xid_events``).
+    :param events: the result of :func:`parse_kernel_log` (its ``events``, ``rate_limited`` and
+        ``dropped_lines`` are used), or a list of its events (e.g.
+        ``ansible_facts.nvidia.xid_events``), elided entries included.
     :param rate_limited: overrides the result's flag; ``None`` keeps it (``False`` for a list).
-    :returns: ``{"total": int (sum of counts), "incidents": int (number of events),
-        "by_xid": {"<xid>": count}, "by_device": {"<pci_bus_id>" or "unknown": count},
-        "worst_severity": str | None, "worst_action": str | None, "any_fatal": bool,
-        "fatal_xids": [int, ...] (sorted), "rate_limited": bool}``. Keys of ``by_xid`` and
+    :returns: ``{"total": int (sum of counts: Xid lines), "incidents": int (sum of the events'
+        ``incidents``, 1 for an event without it), "by_xid": {"<xid>": count}, "by_device":
+        {"<pci_bus_id>" or "unknown": count}, "worst_severity": str | None, "worst_action": str
+        | None, "any_fatal": bool, "fatal_xids": [int, ...] (sorted), "rate_limited": bool,
+        "elided_incidents": int (incidents only counted in elided entries), "dropped_lines":
+        int (Xid lines in no entry at all, see :func:`parse_kernel_log`; 0 for a list),
+        "per_device_xid": [{"pci_bus_id": str | None, "xid": int, "count": int (lines),
+        "incidents": int, "fatal": bool (any), "first_time", "first_message", "last_time",
+        "last_message"}, ...]}`` (one entry per (bus id, Xid) in the order of its first event;
+        times as in events: the first event's ``time``, the last one's ``last_time``). Counts
+        are lower bounds when ``rate_limited`` or ``dropped_lines``. Keys of ``by_xid`` and
         ``by_device`` are strings so the summary survives JSON unchanged. ``None`` worst values
         when there is no event. Severity order: :data:`xid_catalog.SEVERITIES`; action order:
         :data:`xid_catalog.ACTIONS`.
     :raises: nothing.
     """
     flag = False
+    dropped = 0
     if isinstance(events, dict):
         flag = bool(events.get("rate_limited"))
+        dropped = int(events.get("dropped_lines") or 0)
         items = list(events.get("events") or [])
     else:
         items = list(events or [])
@@ -492,13 +706,20 @@ def summarize_xids(events: Union[Dict[str, Any], Iterable[EventDict]],
         flag = bool(rate_limited)
     by_xid = {}  # type: Dict[str, int]
     by_device = {}  # type: Dict[str, int]
+    per_key = {}  # type: Dict[Tuple[Any, Any], Dict[str, Any]]
     worst_severity = -1
     worst_action = -1
     fatal_xids = set()
     total = 0
+    incidents = 0
+    elided = 0
     for event in items:
         count = int(event.get("count") or 1)
+        stands_for = int(event.get("incidents") or 1)
         total += count
+        incidents += stands_for
+        if event.get("elided"):
+            elided += stands_for
         xid_key = str(event.get("xid"))
         by_xid[xid_key] = by_xid.get(xid_key, 0) + count
         device = event.get("pci_bus_id") or "unknown"
@@ -507,9 +728,22 @@ def summarize_xids(events: Union[Dict[str, Any], Iterable[EventDict]],
         worst_action = max(worst_action, action_rank(event.get("action")))
         if event.get("fatal"):
             fatal_xids.add(int(event["xid"]))
+        pair = (event.get("pci_bus_id"), event.get("xid"))
+        entry = per_key.get(pair)
+        if entry is None:
+            entry = per_key[pair] = {
+                "pci_bus_id": pair[0], "xid": pair[1], "count": 0, "incidents": 0, "fatal": False,
+                "first_time": event.get("time"), "first_message": event.get("message"),
+                "last_time": None, "last_message": None,
+            }
+        entry["count"] += count
+        entry["incidents"] += stands_for
+        entry["fatal"] = entry["fatal"] or bool(event.get("fatal"))
+        entry["last_time"] = event.get("last_time", event.get("time"))
+        entry["last_message"] = event.get("message")
     return {
         "total": total,
-        "incidents": len(items),
+        "incidents": incidents,
         "by_xid": by_xid,
         "by_device": by_device,
         "worst_severity": SEVERITIES[worst_severity] if worst_severity >= 0 else None,
@@ -517,4 +751,7 @@ def summarize_xids(events: Union[Dict[str, Any], Iterable[EventDict]],
         "any_fatal": bool(fatal_xids),
         "fatal_xids": sorted(fatal_xids),
         "rate_limited": flag,
+        "elided_incidents": elided,
+        "dropped_lines": dropped,
+        "per_device_xid": list(per_key.values()),
     }

@@ -49,7 +49,18 @@ options:
         C(lib-modules-nvidia.txt) (output of C(find /lib/modules -name "*nvidia*")), C(lspci-vvv.txt)
         (output of C(lspci -vvv)).
       - A file that cannot be parsed (truncated XML, binary data) fails the module with a message
-        naming the file.
+        naming the file and what is wrong with it (for example C(not XML), with the line number); the
+        message never quotes the file's content.
+      - A bundle is untrusted input. A capture file that is a symbolic link (wherever it points, in the
+        bundle or not) or a regular file with more than one hard link fails the module with a message
+        naming it, before anything is read, since either could make the module read any file of the node,
+        as root, into facts. Copy the real file into the bundle instead.
+      - A capture file that is a directory, a FIFO, a socket or a device, or a file that is empty (or
+        holds only white space), is ignored with a warning naming it (in C(warnings) of the result and
+        in C(ansible_facts.nvidia.warnings)); its fields stay V(null). When no recognised file of the
+        bundle is usable at all (none present, or all ignored), the module fails, naming them.
+      - Each file is read up to 64 MiB. Of a longer C(dmesg.txt), the newest 64 MiB (the end of the
+        file, in whole lines) are read; of any other file, the first 64 MiB. Either gives a warning.
     type: path
   kernel_log:
     description:
@@ -152,11 +163,17 @@ ansible_facts:
           description: Number of GPUs the source says are attached (may differ from C(gpu_count)).
           type: int
         xid_events:
-          description: Xid events of the kernel log, deduplicated per device and incident, classified.
+          description:
+            - Xid events of the kernel log, deduplicated per device and incident, classified.
+            - Bounded per device and Xid to the first and the newest 7 incidents; the others are folded
+              into an entry with C(elided=true) whose C(count) and C(incidents) carry theirs, so counts
+              summed over the list stay exact.
           type: list
           elements: dict
         xid_summary:
-          description: Counts per Xid and per device, worst severity, whether any is fatal.
+          description:
+            - Counts per Xid and per device, worst severity, whether any is fatal; per device and Xid
+              (C(per_device_xid)) the count and the first and last time and message.
           type: dict
         unsupported:
           description: Fields a GPU or the driver would not give, with the NVML error.
@@ -168,8 +185,12 @@ ansible_facts:
           elements: str
 """
 
+import errno
 import os
+import re
+import stat
 import sys
+from xml.parsers.expat import errors as expat_errors
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.common.text.converters import to_text
@@ -179,9 +200,18 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_assemble imp
     CaptureError,
     assemble_facts,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import MAX_XID_KEYS, keep_newest
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import load_pynvml, read_nvml
 
+# Reading limit of one file or command output, in bytes (characters for command output).
 _MAX_FILE_BYTES = 64 * 1024 * 1024
+# Capture files whose newest part is kept when they are over the limit (logs, oldest line first).
+_NEWEST_FIRST_FILES = ("dmesg.txt",)
+# Expat's error messages (xml.parsers.expat.errors), longest first: the only words of an XML parse
+# error that are kept in a failure message (see content_free).
+_EXPAT_REASONS = sorted(expat_errors.messages.values(), key=len, reverse=True)
+_TRUNCATED_HINT = "; the document ends before </nvidia_smi_log>, the capture looks truncated"
+_QUOTED = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"")
 
 
 def _read_text_file(path):
@@ -203,18 +233,162 @@ def _run(module, argv, env=None):
     return module.run_command([path] + argv[1:], environ_update=env or {}, check_rc=False)
 
 
-def read_capture(module, capture_dir):
-    """Read the files of a captured bundle: {input key: bytes}."""
+def _megabytes(size):
+    """A size for a message: ``64.0 MiB``, or ``4096 bytes`` under 1 MiB."""
+    return "%.1f MiB" % (size / 1048576.0) if size >= 1048576 else "%d bytes" % size
+
+
+def _read_capture_file(module, capture_dir, filename, warnings):
+    """Read one capture file of a bundle, refusing what could read outside the bundle.
+
+    :param module: the AnsibleModule (``fail_json`` for a refused file).
+    :param capture_dir: the bundle directory. :param filename: a key of ``CAPTURE_FILES``.
+    :param warnings: list that gets the warnings (also given to ``module.warn``).
+    :returns: ``(data, problem)``: the file's bytes (at most ``_MAX_FILE_BYTES``) and ``None``;
+        ``(None, None)`` when the file is absent; ``(None, text)`` when it is present but
+        unusable (a directory, not a regular file, empty), ``text`` saying why (warned).
+    :raises: nothing; a symbolic link, a file with several hard links or a file that cannot be
+        opened fails the module (``fail_json`` with ``file``).
+    """
+    path = os.path.join(capture_dir, filename)
+
+    def refuse(problem):
+        module.fail_json(msg="%s: %s" % (filename, problem), file=filename)
+
+    def unusable(problem):
+        text = "capture_dir: %s %s; ignored, its fields are null" % (filename, problem)
+        warnings.append(text)
+        module.warn(text)
+        return None, problem
+
+    link_problem = ("is a symbolic link; a support bundle is untrusted input and a link could make "
+                    "this module read any file of the node, so capture files must be regular files "
+                    "(copy the file it points to into the bundle)")
+    try:
+        info = os.lstat(path)
+    except OSError as err:
+        if err.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None, None
+        refuse("cannot be read (%s)" % (err.strerror or err))
+    if stat.S_ISLNK(info.st_mode):
+        refuse(link_problem)
+    if stat.S_ISDIR(info.st_mode):
+        return unusable("is a directory, not a file")
+    if not stat.S_ISREG(info.st_mode):
+        return unusable("is not a regular file (a FIFO, socket or device)")
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            refuse(link_problem)  # replaced by a link since lstat
+        refuse("cannot be read (%s)" % (err.strerror or err))
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return unusable("is not a regular file (a FIFO, socket or device)")
+        if info.st_nlink > 1:
+            refuse("has %d hard links; a support bundle is untrusted input and a hard link could make "
+                   "this module read another file of the node, so capture files must be plain copies"
+                   % info.st_nlink)
+        size = info.st_size
+        if size > _MAX_FILE_BYTES and filename in _NEWEST_FIRST_FILES:
+            # One byte more than the limit: it tells whether the cut falls between two lines.
+            handle.seek(size - _MAX_FILE_BYTES - 1)
+            data, left_out = keep_newest(handle.read(_MAX_FILE_BYTES + 1), _MAX_FILE_BYTES)
+            left_out += size - _MAX_FILE_BYTES - 1
+            text = ("capture_dir: %s is %s, over the %s reading limit: only its newest %s (the end of "
+                    "the file, whole lines) were read, the oldest %s left out"
+                    % (filename, _megabytes(size), _megabytes(_MAX_FILE_BYTES), _megabytes(len(data)),
+                       _megabytes(left_out)))
+            warnings.append(text)
+            module.warn(text)
+        else:
+            data = handle.read(_MAX_FILE_BYTES)
+            if size > _MAX_FILE_BYTES:
+                text = ("capture_dir: %s is %s, over the %s reading limit: only its first %s were read"
+                        % (filename, _megabytes(size), _megabytes(_MAX_FILE_BYTES), _megabytes(len(data))))
+                warnings.append(text)
+                module.warn(text)
+    if not data.strip():
+        return unusable("is empty" if not data else "holds only white space")
+    return data, None
+
+
+def read_capture(module, capture_dir, warnings=None):
+    """Read the files of a captured bundle, as untrusted input.
+
+    :param module: the AnsibleModule; ``module.warn`` gets each warning, ``fail_json`` ends the
+        run for a refused bundle.
+    :param capture_dir: path of the bundle directory on the managed node.
+    :param warnings: a list to extend with the warnings (for ``ansible_facts.nvidia.warnings``).
+    :returns: ``{file name (a key of CAPTURE_FILES): bytes}`` of the usable files, each at most
+        ``_MAX_FILE_BYTES`` (64 MiB; the newest part of ``dmesg.txt``, the first part of others).
+    :raises: nothing; fails the module (``fail_json``) when ``capture_dir`` is not a directory,
+        when a capture file is a symbolic link or has several hard links or cannot be opened
+        (``file`` names it), and when no recognised file is usable. A directory, a special file
+        or an empty file is skipped with a warning naming it.
+    """
+    warnings = [] if warnings is None else warnings
     if not os.path.isdir(capture_dir):
         module.fail_json(msg="capture_dir %s is not a directory; it should hold files such as %s"
                          % (capture_dir, ", ".join(sorted(CAPTURE_FILES))))
     raw = {}
-    for filename in CAPTURE_FILES:
-        path = os.path.join(capture_dir, filename)
-        if os.path.isfile(path):
-            with open(path, "rb") as handle:
-                raw[filename] = handle.read(_MAX_FILE_BYTES)
+    unusable = []
+    for filename in sorted(CAPTURE_FILES):
+        data, problem = _read_capture_file(module, capture_dir, filename, warnings)
+        if data is not None:
+            raw[filename] = data
+        elif problem is not None:
+            unusable.append("%s %s" % (filename, problem))
+    if not raw:
+        if unusable:
+            named = {"file": unusable[0].split(" ", 1)[0]} if len(unusable) == 1 else {}
+            module.fail_json(msg="capture_dir %s has no usable capture file: %s"
+                             % (capture_dir, "; ".join(unusable)), **named)
+        module.fail_json(msg="capture_dir %s holds none of the capture files; it should hold files such as %s"
+                         % (capture_dir, ", ".join(sorted(CAPTURE_FILES))))
     return raw
+
+
+def content_free(problem, data=None):
+    """A parser's complaint about a capture file, without the file's own text.
+
+    The nvidia-smi parsers quote the line where they stopped (``... line 1 is not XML: 'root:...'``),
+    which is useful for a file one trusts and a leak for a bundle: the quote goes to the task
+    output and logs. The quote is cut, what is wrong and where is kept.
+
+    :param problem: the parser's message (``SmiParseError``/``CaptureError`` text, without the
+        ``<file>: `` prefix).
+    :param data: the file's bytes, or ``None``; any quoted text of the message that occurs in
+        them is replaced by ``<file text>`` as well.
+    :returns: the message, e.g. ``expected an <nvidia_smi_log> XML document from nvidia-smi -q -x,
+        but line 1 is not XML``, or ``... parsing stopped at line 3, column 2 (mismatched tag)``.
+    :raises: nothing.
+    """
+    head, sep, _rest = problem.partition(" is not XML")
+    if sep:
+        return head + sep
+    head, sep, _rest = problem.partition(" (first line: ")
+    if sep:
+        return head
+    match = re.match(r"^(.*?parsing stopped at line \d+, column \d+) \((.*)$", problem, re.S)
+    if match:
+        rest = match.group(2)
+        reason = next((r for r in _EXPAT_REASONS if rest.startswith(r)), "not well-formed")
+        return "%s (%s%s)" % (match.group(1), reason, _TRUNCATED_HINT if _TRUNCATED_HINT in rest else "")
+    match = re.match(r"^(expected root element <\w+> \([^)]*\)), found <.*> at line (\d+)$", problem, re.S)
+    if match:
+        return "%s, found another root element at line %s" % (match.group(1), match.group(2))
+    if data:
+        text = to_text(data, errors="surrogate_or_replace")
+
+        def scrub(quoted):
+            inner = quoted.group(0)[1:-1]
+            inner = inner[:-3] if inner.endswith("...") else inner
+            return "<file text>" if inner.strip() and inner in text else quoted.group(0)
+        problem = _QUOTED.sub(scrub, problem)
+    return problem
 
 
 def list_nvidia_modules(top="/lib/modules"):
@@ -272,14 +446,19 @@ def collect_live(module):
 
     if module.params["kernel_log"]:
         result = _run(module, ["dmesg"])
-        if result is not None and result[0] == 0:
-            inputs["kernel_log"] = result[1]
-        else:
+        source = "dmesg"
+        if result is None or result[0] != 0:
             result = _run(module, ["journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic"])
-            if result is not None and result[0] == 0:
-                inputs["kernel_log"] = result[1]
-            else:
-                inputs["kernel_log_error"] = "neither dmesg nor journalctl -k could be read"
+            source = "journalctl -k"
+        if result is not None and result[0] == 0:
+            text, left_out = keep_newest(result[1], _MAX_FILE_BYTES)
+            inputs["kernel_log"] = text
+            if left_out:
+                inputs["kernel_log_warning"] = (
+                    "kernel log: %s printed %d characters, over the %d reading limit: only the newest "
+                    "%d (whole lines) were read" % (source, len(result[1]), _MAX_FILE_BYTES, len(text)))
+        else:
+            inputs["kernel_log_error"] = "neither dmesg nor journalctl -k could be read"
     return inputs
 
 
@@ -294,13 +473,32 @@ def main():
         supports_check_mode=True,
     )
     capture_dir = module.params["capture_dir"]
+    warnings = []
+    raw = {}
     try:
         if capture_dir:
-            facts = assemble_facts(read_capture(module, capture_dir), capture=True)
+            raw = read_capture(module, capture_dir, warnings)
+            facts = assemble_facts(raw, capture=True)
         else:
-            facts = assemble_facts(collect_live(module), capture=False)
+            inputs = collect_live(module)
+            if inputs.get("kernel_log_warning"):
+                warning = inputs.pop("kernel_log_warning")
+                warnings.append(warning)
+                module.warn(warning)
+            facts = assemble_facts(inputs, capture=False)
     except CaptureError as err:
-        module.fail_json(msg=to_text(err), file=err.filename)
+        # The file name is ours; what follows it is the parser's, with any quote of the file cut.
+        problem = to_text(err)
+        prefix = "%s: " % err.filename
+        if problem.startswith(prefix):
+            problem = problem[len(prefix):]
+        module.fail_json(msg=prefix + content_free(problem, raw.get(err.filename)), file=err.filename)
+    dropped = (facts.get("xid_summary") or {}).get("dropped_lines")
+    if dropped:
+        warnings.append("kernel log: %d Xid line(s) are in no event (more than %d distinct device/Xid pairs and "
+                        "%d distinct Xid numbers beyond them); Xid counts are lower bounds"
+                        % (dropped, MAX_XID_KEYS, MAX_XID_KEYS))
+    facts["warnings"] = warnings + list(facts.get("warnings") or [])
     module.exit_json(changed=False, ansible_facts={"nvidia": facts})
 
 

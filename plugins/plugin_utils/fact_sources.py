@@ -31,6 +31,8 @@ import re
 import time
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import facts_problem
+
 _SCHEMA_PREFIX = re.compile(r"^s\d+_")
 _PAYLOAD_KEY = "__payload__"
 _TYPE_KEY = "__ansible_type"
@@ -149,7 +151,12 @@ def load_fact_file(file_path: str, now: Optional[float] = None) -> Dict[str, Any
     """Read one fact file (any of the shapes above).
 
     :returns: ``{"facts": nvidia document | None, "age_s": float (from the file time), "path",
-        "error": str | None, "wrapped": bool (ansible-core 2.19 payload)}``.
+        "error": str | None, "wrapped": bool (ansible-core 2.19 payload)}``. ``facts`` is
+        ``None`` and ``error`` says why when the file is not JSON (``not JSON: ...``), holds no
+        ``nvidia`` document (``no nvidia facts in the file``, with what it holds instead when
+        that is not an object: ``...: it holds a JSON string, expected an object``), or holds one
+        of the wrong shape (``not a facts document: driver is a str, expected a mapping``, see
+        :func:`drift.facts_problem`).
     :raises FactSourceError: when the file cannot be read.
     """
     return _entry(file_path, time.time() if now is None else now)
@@ -181,7 +188,37 @@ def _entry(file_path: str, now: float) -> Dict[str, Any]:
     except ValueError as err:
         facts, wrapped, error = None, False, "not JSON: %s" % err
     document = nvidia_from_host_facts(facts)
-    if document is None and error is None:
-        error = "no nvidia facts in the file"
+    if error is None:
+        error = _document_error(facts, document)
+        if error is not None:
+            document = None
     return {"facts": document, "age_s": max(0.0, now - os.path.getmtime(file_path)), "path": file_path,
             "error": error, "wrapped": wrapped}
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON name of a decoded value's type: ``string``, ``array``, ``number``..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return type(value).__name__
+
+
+def _document_error(facts: Any, document: Optional[Dict[str, Any]]) -> Optional[str]:
+    """Why a decoded fact file gives no usable document (``None`` when it does)."""
+    if document is not None:
+        problem = facts_problem(document)
+        return "not a facts document: %s" % problem if problem else None
+    if not isinstance(facts, Mapping):
+        return "no nvidia facts in the file: it holds a JSON %s, expected an object" % _json_kind(facts)
+    for key in ("nvidia", "ansible_nvidia", "ansible_facts"):
+        if key in facts and not isinstance(facts[key], Mapping):
+            return "no nvidia facts in the file: its %s is a JSON %s, expected an object" % (key, _json_kind(facts[key]))
+    return "no nvidia facts in the file"

@@ -145,3 +145,24 @@ def test_action_class_override_and_check_mode(fleet_dir):
     # Check mode writes nothing.
     assert result["paths"] == {}
     assert not (fleet_dir / "out2").exists()
+
+
+def test_fact_files_of_the_wrong_shape_are_source_errors_not_a_failed_report(fleet_dir):
+    facts_dir = fleet_dir / "facts"
+    (facts_dir / "h3.json").write_text(json.dumps("not a facts document"))
+    (facts_dir / "v1.json").write_text(json.dumps({"ansible_facts": {"nvidia": {"schema_version": 1, "driver": "ok"}}}))
+    proc = run_playbook(fleet_dir, os.path.join(REPO, "playbooks", "drift_report.yml"),
+                        "-e", "drift_source=dir", "-e", "drift_path=%s" % facts_dir,
+                        "-e", "drift_output_dir=%s" % (fleet_dir / "out"))
+    out = proc.stdout + proc.stderr
+    assert "has no attribute" not in out
+    # Drift (exit 2), not an error: h2 runs 700 W, h3 and v1 have no usable facts.
+    assert proc.returncode == 2, out
+    assert "4 nodes: 1 in sync, 3 drifted (2 without facts); 2 critical, 8 warning findings" in out
+    report = json.loads((fleet_dir / "out" / "drift-report.json").read_text())
+    assert sorted(report["source_errors"]) == ["h3", "v1"]
+    assert report["source_errors"]["h3"].endswith(
+        "h3.json: no nvidia facts in the file: it holds a JSON string, expected an object")
+    assert report["source_errors"]["v1"].endswith("v1.json: not a facts document: driver is a str, expected a mapping")
+    assert report["nodes"]["h1"]["in_sync"] is True
+    assert [f["check"] for f in report["nodes"]["v1"]["findings"]] == ["facts_missing"]

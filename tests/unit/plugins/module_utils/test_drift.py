@@ -317,3 +317,95 @@ def test_real_ansible_core_jsonfile_cache(tmp_path):
     assert list(found) == ["node-a"]
     assert found["node-a"]["facts"]["driver"]["userspace_version"] == "595.91.07"
     assert found["node-a"]["facts"]["gpus"][3]["power"]["default_limit_w"] == 350.0
+
+
+# --- bounded Xid events and wrongly shaped documents -------------------------------------------
+
+
+def test_fatal_xid_finding_counts_every_line_of_a_bounded_storm():
+    lines = "".join("[%12.6f] NVRM: Xid (PCI:0000:18:00): 79, pid=%d, name=x, GPU has fallen off the bus.\n"
+                    % (100.0 + 70.0 * i, i) for i in range(5000))
+    facts = json.loads(json.dumps(node_facts("h100", limit_w=600.0, kernel_log_text=lines)))
+    assert len(facts["xid_events"]) == kernel_log.XID_EVENTS_PER_KEY + 1
+    [finding] = [f for f in DriftEngine().node_findings("h1", "gpu_h100", facts, declared_state(H100_VARS))
+                 if f["check"] == "fatal_xid"]
+    assert finding["message"] == "fatal Xid in the current kernel log: Xid 79 ×5000"
+    assert finding["actual"] == [79]
+
+
+WRONG_SHAPES = {
+    "driver_str": {"schema_version": 1, "driver": "ok"},
+    "gpus_str": {"schema_version": 1, "driver": {"state": "ok"}, "gpus": "8"},
+    "gpu_str": {"schema_version": 1, "driver": {"state": "ok"}, "gpus": ["GPU-0"]},
+    "events_str": {"schema_version": 1, "driver": {"state": "ok"}, "xid_events": ["Xid 79"]},
+    "summary_str": {"schema_version": 1, "driver": {"state": "ok"}, "xid_summary": "none"},
+    "packages_str": {"schema_version": 1, "driver": {"state": "ok", "packages": ["nvidia-driver"]}},
+    "version_int": {"schema_version": 1, "driver": {"state": "ok", "loaded_version": 580}},
+    "remap_str": {"schema_version": 1, "driver": {"state": "ok"}, "gpus": [{"index": 0, "remapped_rows": "0"}]},
+}
+
+
+def test_wrongly_shaped_documents_are_missing_facts_and_the_report_goes_on():
+    fleet = _fleet()
+    for name, doc in sorted(WRONG_SHAPES.items()):
+        fleet.append({"node": name, "class": "gpu_h100", "facts": doc, "declared": declared_state(H100_VARS)})
+    fleet.append({"node": "text", "class": "gpu_h100", "facts": "not a document", "declared": {}})
+    fleet.append({"node": "list", "class": "gpu_h100", "facts": [1, 2], "declared": {}})
+    report = build_report(fleet)
+    # The four good nodes are judged as without the bad ones.
+    assert report["nodes"]["h1"]["in_sync"] is True and report["nodes"]["v1"]["in_sync"] is True
+    assert checks(report["nodes"]["h2"]["findings"]) == ["driver_branch"]
+    for name in list(WRONG_SHAPES) + ["text", "list"]:
+        node = report["nodes"][name]
+        assert checks(node["findings"]) == ["facts_missing"], name
+        assert "not a facts document" in node["findings"][0]["message"], name
+    for name in ("driver_str", "text", "list"):
+        assert report["nodes"][name]["driver"] == {"loaded": None, "state": None}
+    assert report["nodes"]["driver_str"]["findings"][0]["actual"] == "driver is a str, expected a mapping"
+    assert report["nodes"]["gpu_str"]["findings"][0]["actual"] == "gpus[0] is a str, expected a mapping"
+    assert report["summary"]["missing"] == 1 + len(WRONG_SHAPES) + 2
+
+
+def test_a_bad_value_deep_in_one_node_does_not_stop_the_report():
+    bad = node_facts("h100")
+    bad["gpus"][0]["power"]["default_limit_w"] = "seven hundred"
+    declared = declared_state(dict(H100_VARS, gpu_policy_power_limit_w=None, gpu_policy_power_limit_percent=80))
+    fleet = _fleet() + [{"node": "bad", "class": "gpu_h100", "facts": bad, "declared": declared}]
+    report = build_report(fleet)
+    assert checks(report["nodes"]["bad"]["findings"]) == ["facts_missing"]
+    assert "could not be judged (ValueError: " in report["nodes"]["bad"]["findings"][0]["message"]
+    assert report["summary"]["nodes"] == 5 and report["nodes"]["h1"]["in_sync"] is True
+
+
+def test_fact_files_of_the_wrong_shape_are_source_errors(tmp_path):
+    good = node_facts("h100")
+    files = {
+        "good": json.dumps(good),
+        "text": json.dumps("hello"),
+        "list": json.dumps([good]),
+        "number": "42",
+        "facts_str": json.dumps({"ansible_facts": "nvidia"}),
+        "nvidia_str": json.dumps({"nvidia": "x"}),
+        "driver_str": json.dumps({"ansible_facts": {"nvidia": {"schema_version": 1, "driver": "ok"}}}),
+        "payload_str": json.dumps({"__payload__": json.dumps("x")}),
+        "events_str": json.dumps(dict(good, xid_events="79")),
+    }
+    for host, text in files.items():
+        (tmp_path / (host + ".json")).write_text(text)
+    found = fact_sources.read_fact_files(str(tmp_path))
+    assert found["good"]["error"] is None and found["good"]["facts"]["gpu_count"] == 8
+    expected = {
+        "text": "no nvidia facts in the file: it holds a JSON string, expected an object",
+        "list": "no nvidia facts in the file: it holds a JSON array, expected an object",
+        "number": "no nvidia facts in the file: it holds a JSON number, expected an object",
+        "facts_str": "no nvidia facts in the file: its ansible_facts is a JSON string, expected an object",
+        "nvidia_str": "no nvidia facts in the file: its nvidia is a JSON string, expected an object",
+        "driver_str": "not a facts document: driver is a str, expected a mapping",
+        "payload_str": "no nvidia facts in the file: it holds a JSON string, expected an object",
+        "events_str": "not a facts document: xid_events is a str, expected a list",
+    }
+    for host, error in expected.items():
+        assert (found[host]["facts"], found[host]["error"]) == (None, error), host
+    report = build_report({"node": host, "class": "gpu_h100", "facts": entry["facts"], "declared": {}}
+                          for host, entry in sorted(found.items()))
+    assert report["summary"]["nodes"] == len(files) and report["summary"]["missing"] == len(files) - 1

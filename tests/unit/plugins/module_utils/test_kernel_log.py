@@ -10,17 +10,23 @@ import os
 
 import pytest
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import (
     DEFAULT_INCIDENT_WINDOW_S,
+    MAX_MESSAGE_CHARS,
+    MAX_XID_KEYS,
+    XID_EVENTS_PER_KEY,
+    keep_newest,
     parse_kernel_log,
     parse_nvrm_api_mismatch,
     summarize_xids,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import XID_CATALOG, classify
 
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "fixtures", "cases")
 
 EVENT_KEYS = {"pci_bus_id", "xid", "name", "message", "time", "last_time", "wall_time", "epoch_s", "count",
-              "severity", "action", "fatal", "known", "pid", "process", "first_line"}
+              "incidents", "elided", "severity", "action", "fatal", "known", "pid", "process", "first_line"}
 
 
 def _case(folder, name="input.log"):
@@ -406,7 +412,8 @@ def test_rate_limit_lines(line, limited):
 def test_summary_of_nothing_and_override():
     summary = summarize_xids([])
     assert summary == {"total": 0, "incidents": 0, "by_xid": {}, "by_device": {}, "worst_severity": None,
-                       "worst_action": None, "any_fatal": False, "fatal_xids": [], "rate_limited": False}
+                       "worst_action": None, "any_fatal": False, "fatal_xids": [], "rate_limited": False,
+                       "elided_incidents": 0, "dropped_lines": 0, "per_device_xid": []}
     assert summarize_xids([], rate_limited=True)["rate_limited"] is True
 
 
@@ -425,3 +432,206 @@ def test_result_is_json_serialisable():
 def test_empty_and_none_text():
     assert parse_kernel_log("")["events"] == []
     assert parse_kernel_log(None)["events"] == []
+
+
+# ------------------------------------------------- bounds, linear time, newest part of a log
+
+def _storm(lines, start=0, devices=("3b", "5e"), xids=(79, 13), gap_s=70.0):
+    """Xid lines 70 s apart (each its own incident), cycling over devices, then Xids."""
+    out = []
+    for i in range(start, start + lines):
+        bus = devices[i % len(devices)]
+        xid = xids[(i // len(devices)) % len(xids)]
+        out.append("[%12.6f] NVRM: Xid (PCI:0000:%s:00): %d, pid=%d, name=python, line %d"
+                   % (100.0 + gap_s * i, bus, xid, 1000 + i, i))
+    return "\n".join(out) + "\n"
+
+
+def _storm_key(i, devices=("3b", "5e"), xids=(79, 13)):
+    return "0000:%s:00.0" % devices[i % len(devices)], xids[(i // len(devices)) % len(xids)]
+
+
+def test_xid_storm_is_bounded_and_counts_stay_exact():
+    lines = 20000
+    result = parse_kernel_log(_storm(lines))
+    events = result["events"]
+    # 4 (device, Xid) pairs of 5,000 incidents: the first, the newest 7 and one elided entry each.
+    assert XID_EVENTS_PER_KEY == 8
+    assert len(events) == 4 * (XID_EVENTS_PER_KEY + 1)
+    assert len(json.dumps(events)) < 64 * 1024
+    per_key = {}
+    for event in events:
+        assert set(event) == EVENT_KEYS
+        key = (event["pci_bus_id"], event["xid"])
+        per_key.setdefault(key, []).append(event)
+    assert sorted(per_key) == [("0000:3b:00.0", 13), ("0000:3b:00.0", 79), ("0000:5e:00.0", 13), ("0000:5e:00.0", 79)]
+    for key, kept in per_key.items():
+        indexes = [i for i in range(lines) if _storm_key(i) == key]
+        assert sum(e["count"] for e in kept) == len(indexes) == 5000
+        assert sum(e["incidents"] for e in kept) == 5000
+        first, elided, newest = kept[0], kept[1], kept[2:]
+        # The first incident, with every field of an event.
+        assert (first["elided"], first["count"], first["incidents"]) == (False, 1, 1)
+        assert first["time"] == 100.0 + 70.0 * indexes[0]
+        assert first["pid"] == 1000 + indexes[0] and first["process"] == "python"
+        assert first["message"] == "pid=%d, name=python, line %d" % (1000 + indexes[0], indexes[0])
+        # The newest 7, one by one, in log order.
+        assert [e["time"] for e in newest] == [100.0 + 70.0 * i for i in indexes[-7:]]
+        assert all(not e["elided"] and e["count"] == 1 for e in newest)
+        # The 4,992 in between: one entry with their counts and the first and last time.
+        assert elided["elided"] is True
+        assert (elided["count"], elided["incidents"]) == (4992, 4992)
+        assert elided["time"] == 100.0 + 70.0 * indexes[1]
+        assert elided["last_time"] == 100.0 + 70.0 * indexes[-8]
+        assert elided["message"] == "pid=%d, name=python, line %d" % (1000 + indexes[1], indexes[1])
+        assert elided["fatal"] is (key[1] == 79)
+    summary = summarize_xids(result)
+    assert summary["total"] == lines and summary["incidents"] == lines
+    assert summary["by_xid"] == {"79": 10000, "13": 10000}
+    assert summary["by_device"] == {"0000:3b:00.0": 10000, "0000:5e:00.0": 10000}
+    assert summary["elided_incidents"] == 4 * 4992
+    assert summary["dropped_lines"] == 0
+    assert summary["fatal_xids"] == [79]
+    [pair] = [p for p in summary["per_device_xid"] if (p["pci_bus_id"], p["xid"]) == ("0000:5e:00.0", 79)]
+    indexes = [i for i in range(lines) if _storm_key(i) == ("0000:5e:00.0", 79)]
+    assert pair == {
+        "pci_bus_id": "0000:5e:00.0", "xid": 79, "count": 5000, "incidents": 5000, "fatal": True,
+        "first_time": 100.0 + 70.0 * indexes[0],
+        "first_message": "pid=%d, name=python, line %d" % (1000 + indexes[0], indexes[0]),
+        "last_time": 100.0 + 70.0 * indexes[-1],
+        "last_message": "pid=%d, name=python, line %d" % (1000 + indexes[-1], indexes[-1]),
+    }
+
+
+def test_folded_storm_lines_keep_their_count_when_elided():
+    # 30 incidents of 100 lines each (1 s apart inside, 120 s between incidents).
+    lines = []
+    for incident in range(30):
+        for line in range(100):
+            lines.append("[%12.6f] NVRM: Xid (PCI:0000:3b:00): 119, pid=7, name=gpud, Timeout after 6s"
+                         % (1000.0 + incident * 220.0 + line))
+    result = parse_kernel_log("\n".join(lines) + "\n")
+    events = result["events"]
+    assert len(events) == XID_EVENTS_PER_KEY + 1
+    assert sum(e["count"] for e in events) == 3000
+    assert [e["count"] for e in events] == [100, 2200] + [100] * 7
+    assert events[1]["incidents"] == 22 and events[1]["elided"] is True
+    assert summarize_xids(result)["incidents"] == 30
+
+
+def test_fatal_and_nonfatal_incidents_of_one_xid_are_elided_apart():
+    # Xid 145 is fatal or not by the driver's word: the counts of each stay exact after eliding.
+    lines = ["[%12.6f] NVRM: Xid (PCI:0000:3b:00): 145, pid=1, name=x, %s link error"
+             % (100.0 + 100.0 * i, "Fatal" if i % 3 == 0 else "Nonfatal") for i in range(300)]
+    result = parse_kernel_log("\n".join(lines) + "\n")
+    events = result["events"]
+    assert len(events) <= XID_EVENTS_PER_KEY + 2
+    assert sum(e["count"] for e in events if e["fatal"]) == 100
+    assert sum(e["count"] for e in events if not e["fatal"]) == 200
+    assert sorted(e["fatal"] for e in events if e["elided"]) == [False, True]
+
+
+def test_more_device_xid_pairs_than_kept_fold_per_xid():
+    # 300 devices, each with one fatal Xid 79: the first 128 are kept, the others fold into one entry.
+    lines = ["[%12.6f] NVRM: Xid (PCI:0000:%02x:%02x): 79, pid=1, name=x, GPU has fallen off the bus."
+             % (10.0 + i, i // 32, i % 32) for i in range(300)]
+    # Then 200 unknown Xid numbers on those devices: more (Xid, fatal) pairs than kept; only counted.
+    lines += ["[%12.6f] NVRM: Xid (PCI:0000:09:%02x): %d, pid=1, name=x, ?" % (1000.0 + i, i % 32, 2000 + i)
+              for i in range(200)]
+    result = parse_kernel_log("\n".join(lines) + "\n")
+    events = result["events"]
+    assert len(events) <= MAX_XID_KEYS * (XID_EVENTS_PER_KEY + 2) + MAX_XID_KEYS
+    kept = [e for e in events if not e["elided"]]
+    assert len(kept) == MAX_XID_KEYS
+    [folded] = [e for e in events if e["elided"] and e["xid"] == 79]
+    assert folded["pci_bus_id"] is None
+    assert (folded["count"], folded["incidents"]) == (300 - MAX_XID_KEYS, 300 - MAX_XID_KEYS)
+    assert sum(e["count"] for e in events if e["xid"] == 79) == 300
+    unknown = [e for e in events if e["xid"] >= 2000]
+    assert len(unknown) == MAX_XID_KEYS - 1
+    assert result["dropped_lines"] == 200 - (MAX_XID_KEYS - 1)
+    summary = summarize_xids(result)
+    assert summary["dropped_lines"] == 200 - (MAX_XID_KEYS - 1)
+    assert summary["total"] + summary["dropped_lines"] == 500
+
+
+def test_long_messages_are_cut():
+    text = "[ 5.0] NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, " + "A" * 5000 + "\n"
+    [event] = parse_kernel_log(text)["events"]
+    assert len(event["message"]) == MAX_MESSAGE_CHARS and event["message"].endswith("...")
+    assert len(event["first_line"]) == MAX_MESSAGE_CHARS
+    assert event["message"].startswith("pid=1, name=x, AAAA")
+
+
+def test_classification_depends_on_the_message_only_where_the_parser_remembers_it():
+    # kernel_log remembers one class per Xid number except for 154 and 144-150 (classify's contract).
+    messages = ("Fatal", "Nonfatal", "recovery action changed from 0x0 (None) to 0x2 (Node Reboot Required)",
+                "pid=1, name=x, Ch 00000010")
+    for xid in XID_CATALOG:
+        if xid == 154 or 144 <= xid <= 150:
+            continue
+        assert all(classify(xid, message) == classify(xid, None) for message in messages), xid
+
+
+class _CountingList(list):
+    """A list that counts the elements its slices copy."""
+
+    def __init__(self, items):
+        super(_CountingList, self).__init__(items)
+        self.copied = 0
+
+    def __getitem__(self, item):
+        result = list.__getitem__(self, item)
+        if isinstance(item, slice):
+            self.copied += len(result)
+        return result
+
+
+def test_each_record_is_looked_at_a_bounded_number_of_times(monkeypatch):
+    # The old parser copied the rest of the log for every line (records[index + 1:]): quadratic.
+    made = []
+    original = kernel_log._records
+
+    def counting(text):
+        records = _CountingList(original(text))
+        made.append(records)
+        return records
+
+    monkeypatch.setattr(kernel_log, "_records", counting)
+    lines = 5000
+    text = "".join("[%12.6f] usb 1-%d: new high-speed USB device number %d\n" % (i * 0.01, i % 9, i)
+                   for i in range(lines))
+    parse_kernel_log(text)
+    assert made[0].copied <= 4 * lines
+
+
+def test_a_long_multi_line_message_is_joined_in_linear_time(monkeypatch):
+    # One stamped line and N continuation lines: the old parser rebuilt the message text for every
+    # continuation line, N texts of growing length (quadratic); counted here as characters stored.
+    stored = []
+
+    class CountingRecord(kernel_log._Record):
+        def __setattr__(self, name, value):
+            if name == "text":
+                stored.append(len(value))
+            super(CountingRecord, self).__setattr__(name, value)
+
+    monkeypatch.setattr(kernel_log, "_Record", CountingRecord)
+    lines = 5000
+    text = "[    1.000000] NVRM: loading\n" + "".join("  continuation %d of one message\n" % i for i in range(lines))
+    [record] = kernel_log._records(text)
+    assert record.text.startswith("NVRM: loading continuation 0 of one message continuation 1 ")
+    assert record.text.endswith("continuation %d of one message" % (lines - 1))
+    assert sum(stored) <= 2 * len(text)
+
+
+def test_keep_newest_keeps_whole_newest_lines():
+    text = "old 1\nold 2\nnew 3\nnew 4\n"
+    assert keep_newest(text, 100) == (text, 0)
+    assert keep_newest(text, 12) == ("new 3\nnew 4\n", 12)
+    assert keep_newest(text, 14) == ("new 3\nnew 4\n", 12)  # "2\nnew 3..." starts inside a line
+    assert keep_newest(text.encode(), 12) == (b"new 3\nnew 4\n", 12)
+    assert keep_newest("no newline at all", 5) == ("", 17)
+    assert keep_newest(None, 5) == (None, 0)
+    with pytest.raises(ValueError):
+        keep_newest(text, 0)

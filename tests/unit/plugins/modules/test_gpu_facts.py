@@ -50,7 +50,15 @@ def test_missing_capture_dir_is_a_clear_error(tmp_path, capsys):
 
 @pytest.mark.skipif(os.path.exists("/proc/driver/nvidia") or os.path.exists("/sys/module/nvidia"),
                     reason="this machine has an NVIDIA driver loaded")
-def test_live_host_without_nvidia_driver(capsys):
+def test_live_host_without_nvidia_driver(capsys, tmp_path, monkeypatch):
+    # The package database is this test's, not the machine's: a host with Chromium has libxnvctrl0
+    # (not a driver package) and a developer's machine may have anything.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dpkg", "rpm", "apt-mark"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
     code, result = run_module({}, capsys)
     assert code == 0
     facts = result["ansible_facts"]["nvidia"]
@@ -58,3 +66,193 @@ def test_live_host_without_nvidia_driver(capsys):
     assert facts["driver"]["state"] == "not_installed"
     assert facts["gpus"] == [] and facts["gpu_count"] == 0
     assert facts["driver"]["running_kernel"] == os.uname()[2]
+
+
+def test_libxnvctrl_alone_is_no_driver(capsys, tmp_path, monkeypatch):
+    """Debian's Chromium pulls in libxnvctrl0: that is not an NVIDIA driver."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dpkg").write_text("#!/bin/sh\necho 'ii  libxnvctrl0:amd64  525.85.05-3~deb12u1  amd64  NV-CONTROL X extension'\n")
+    (bin_dir / "dpkg").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    code, result = run_module({}, capsys)
+    assert code == 0
+    assert result["ansible_facts"]["nvidia"]["driver"]["state"] == "not_installed"
+
+
+# --- capture_dir is untrusted input: links, special and empty files, the reading limit ----------
+
+SECRET = "root:$6$NotARealHash.SecretSalt$0123456789abcdef:19000:0:99999:7:::"
+XID79_LINE = "[ 9000.000000] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+
+
+def _secret_outside(tmp_path):
+    """A file outside the bundle that stands for /etc/shadow."""
+    path = tmp_path / "shadow"
+    path.write_text(SECRET + "\n")
+    return path
+
+
+def _bundle(tmp_path, files=None):
+    """A bundle directory with ``files`` ({file name: text})."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    for name, text in (files or {}).items():
+        (bundle / name).write_text(text)
+    return bundle
+
+
+def _record_warnings(monkeypatch):
+    """The texts given to ``module.warn``, in order.
+
+    They reach the result's ``warnings`` only in a module process: once controller code is
+    imported (as other tests of this run do), ansible-core hands them to its Display instead.
+    """
+    given = []
+    original = gpu_facts.AnsibleModule.warn
+
+    def warn(self, warning, **kwargs):
+        given.append(warning)
+        return original(self, warning, **kwargs)
+
+    monkeypatch.setattr(gpu_facts.AnsibleModule, "warn", warn)
+    return given
+
+
+@pytest.mark.parametrize("filename", ["uname-r.txt", "nvidia-smi-q.xml", "dmesg.txt"])
+def test_capture_file_linking_outside_the_bundle_is_refused(tmp_path, capsys, filename):
+    secret = _secret_outside(tmp_path)
+    bundle = _bundle(tmp_path, {"dmesg.txt": XID79_LINE}) if filename != "dmesg.txt" else _bundle(tmp_path)
+    (bundle / filename).symlink_to(secret)
+    code, result = run_module({"capture_dir": str(bundle)}, capsys)
+    assert code == 1 and result["failed"] is True
+    assert result["file"] == filename
+    assert result["msg"].startswith("%s: is a symbolic link" % filename)
+    assert "ansible_facts" not in result
+    assert "NotARealHash" not in json.dumps(result)
+
+
+def test_capture_file_linking_inside_the_bundle_is_refused_too(tmp_path, capsys):
+    bundle = _bundle(tmp_path, {"dmesg.txt": XID79_LINE})
+    (bundle / "copy-of-dmesg.txt").write_text(XID79_LINE)
+    (bundle / "uname-r.txt").symlink_to(bundle / "copy-of-dmesg.txt")
+    code, result = run_module({"capture_dir": str(bundle)}, capsys)
+    assert code == 1 and result["file"] == "uname-r.txt" and "symbolic link" in result["msg"]
+
+
+def test_capture_file_with_a_second_hard_link_is_refused(tmp_path, capsys):
+    secret = _secret_outside(tmp_path)
+    bundle = _bundle(tmp_path)
+    os.link(str(secret), str(bundle / "uname-r.txt"))
+    code, result = run_module({"capture_dir": str(bundle)}, capsys)
+    assert code == 1 and result["file"] == "uname-r.txt"
+    assert result["msg"].startswith("uname-r.txt: has 2 hard links")
+    assert "NotARealHash" not in json.dumps(result)
+
+
+@pytest.mark.parametrize("filename,text,problem", [
+    ("nvidia-smi-q.xml", SECRET + "\n", "nvidia-smi-q.xml: expected an <nvidia_smi_log> XML document from "
+                                        "nvidia-smi -q -x, but line 1 is not XML"),
+    ("nvidia-smi-q.xml", "<nvidia_smi_log>\n<gpu>%s</gpux>\n" % SECRET,
+     "nvidia-smi-q.xml: nvidia-smi -q -x output is not well-formed XML, expected a complete <nvidia_smi_log> "
+     "document; parsing stopped at line 2, column %d (mismatched tag)" % (len("<gpu>" + SECRET) + 2)),
+    ("nvidia-smi-q.xml", "<NotARealHash/>\n", "nvidia-smi-q.xml: expected root element <nvidia_smi_log> "
+                                              "(nvidia-smi -q -x), found another root element at line 1"),
+    ("nvidia-smi-q.txt", SECRET + "\n", "nvidia-smi-q.txt: expected the '==============NVSMI LOG==============' "
+                                        "banner of nvidia-smi -q output; none found in 1 line(s)"),
+])
+def test_parse_errors_of_a_capture_quote_no_content(tmp_path, capsys, filename, text, problem):
+    bundle = _bundle(tmp_path)
+    (bundle / filename).write_text(text)
+    code, result = run_module({"capture_dir": str(bundle)}, capsys)
+    assert code == 1 and result["file"] == filename
+    assert result["msg"] == problem
+    assert "NotARealHash" not in json.dumps(result)
+
+
+def test_directory_and_empty_capture_files_are_warnings_naming_them(tmp_path, capsys, monkeypatch):
+    warned = _record_warnings(monkeypatch)
+    bundle = _bundle(tmp_path, {"dmesg.txt": XID79_LINE, "modinfo-nvidia.txt": ""})
+    (bundle / "uname-r.txt").mkdir()
+    (bundle / "dpkg-l.txt").write_text("\n  \n")
+    os.mkfifo(str(bundle / "lspci-vvv.txt"))  # would block a plain open()
+    code, result = run_module({"capture_dir": str(bundle)}, capsys)
+    assert code == 0
+    facts = result["ansible_facts"]["nvidia"]
+    assert facts["driver"]["running_kernel"] is None
+    assert [e["xid"] for e in facts["xid_events"]] == [79]
+    expected = [
+        "capture_dir: dpkg-l.txt holds only white space; ignored, its fields are null",
+        "capture_dir: lspci-vvv.txt is not a regular file (a FIFO, socket or device); ignored, its fields are null",
+        "capture_dir: modinfo-nvidia.txt is empty; ignored, its fields are null",
+        "capture_dir: uname-r.txt is a directory, not a file; ignored, its fields are null",
+    ]
+    assert facts["warnings"] == expected
+    assert warned == expected
+
+
+def test_an_empty_only_capture_file_fails_naming_it(tmp_path, capsys):
+    bundle = _bundle(tmp_path, {"dmesg.txt": ""})
+    code, result = run_module({"capture_dir": str(bundle)}, capsys)
+    assert code == 1
+    assert result["file"] == "dmesg.txt"
+    assert result["msg"] == "capture_dir %s has no usable capture file: dmesg.txt is empty" % bundle
+
+
+def test_a_bundle_without_capture_files_fails(tmp_path, capsys):
+    bundle = _bundle(tmp_path, {"notes.txt": "nothing here"})
+    code, result = run_module({"capture_dir": str(bundle)}, capsys)
+    assert code == 1
+    assert result["msg"].startswith("capture_dir %s holds none of the capture files" % bundle)
+
+
+def test_capture_dmesg_over_the_limit_keeps_the_newest_part(tmp_path, capsys, monkeypatch):
+    warned = _record_warnings(monkeypatch)
+    monkeypatch.setattr(gpu_facts, "_MAX_FILE_BYTES", 4096)
+    old = "".join("[%12.6f] NVRM: Xid (PCI:0000:5e:00): 13, pid=%d, name=x, Graphics Exception\n" % (100.0 + 100 * i, i)
+                  for i in range(200))
+    bundle = _bundle(tmp_path, {"dmesg.txt": old + XID79_LINE})
+    size = os.path.getsize(str(bundle / "dmesg.txt"))
+    code, result = run_module({"capture_dir": str(bundle)}, capsys)
+    assert code == 0
+    facts = result["ansible_facts"]["nvidia"]
+    events = facts["xid_events"]
+    # The newest line, the fatal Xid 79, is read; the oldest lines are not.
+    assert events[-1]["xid"] == 79 and events[-1]["fatal"] is True
+    assert facts["xid_summary"]["fatal_xids"] == [79]
+    assert events[0]["xid"] == 13 and events[0]["time"] > 100.0
+    # Whole lines of the last 4096 bytes: 49 lines of about 83 bytes.
+    lines = (bundle / "dmesg.txt").read_text().splitlines(True)
+    kept = "".join(lines[-49:])
+    assert len(kept) <= 4096 < len("".join(lines[-50:]))
+    assert sum(e["count"] for e in events) == 49
+    [warning] = [w for w in facts["warnings"] if "reading limit" in w]
+    assert warning == ("capture_dir: dmesg.txt is %d bytes, over the 4096 bytes reading limit: only its newest "
+                       "%d bytes (the end of the file, whole lines) were read, the oldest %d bytes left out"
+                       % (size, len(kept), size - len(kept)))
+    assert warned == [warning]
+
+
+def test_live_kernel_log_over_the_limit_keeps_the_newest_part(capsys, tmp_path, monkeypatch):
+    warned = _record_warnings(monkeypatch)
+    monkeypatch.setattr(gpu_facts, "_MAX_FILE_BYTES", 4096)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "dmesg.log"
+    log.write_text("".join("[%12.6f] NVRM: Xid (PCI:0000:5e:00): 13, pid=%d, name=x, Graphics Exception\n"
+                           % (100.0 + 100 * i, i) for i in range(200)) + XID79_LINE)
+    (bin_dir / "dmesg").write_text("#!/bin/sh\ncat '%s'\n" % log)
+    for tool in ("dpkg", "rpm", "apt-mark"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("dmesg", "dpkg", "rpm", "apt-mark"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:/bin:/usr/bin" % bin_dir)
+    monkeypatch.setattr(gpu_facts, "load_pynvml", lambda: None)
+    code, result = run_module({"backend": "nvidia-smi"}, capsys)
+    assert code == 0
+    facts = result["ansible_facts"]["nvidia"]
+    assert facts["xid_events"][-1]["xid"] == 79
+    assert facts["xid_events"][0]["time"] > 100.0
+    [warning] = [w for w in facts["warnings"] if w.startswith("kernel log: dmesg printed")]
+    assert "over the 4096 reading limit: only the newest" in warning
+    assert warning in warned
