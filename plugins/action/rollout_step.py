@@ -168,7 +168,7 @@ class ActionModule(ControllerAction):
             limit = args["step_hosts"] or int(context.CLIARGS.get("forks") or 5)
             decision, hosts = choose_hosts(rollout_journal.fleet_state(plan, rollout_journal.read(directory)), options, limit)
             result.update({"action": decision["action"], "hosts": hosts, "stop": decision["stop"],
-                           "budgets": decision["budgets"], "quarantined": decision["quarantined"],
+                           "classes": decision["budgets"], "quarantined": decision["quarantined"],
                            "deferred": decision["deferred"], "stages": decision["stages"]})
             return result
         return self._admit(result, args, options, directory)

@@ -24,6 +24,7 @@ requested 700 W and enforced 500 W, so a 700 W policy is not in effect there.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import (
@@ -121,7 +122,7 @@ def _number_or_none(value: Any, key: str, errors: List[str]) -> Optional[float]:
     except ValueError:
         errors.append("%s must be a number, got %r" % (key, value))
         return None
-    if number != number or number in (float("inf"), float("-inf")):
+    if math.isnan(number) or math.isinf(number):
         errors.append("%s must be a finite number, got %r" % (key, value))
         return None
     if number <= 0:

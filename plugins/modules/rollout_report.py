@@ -19,18 +19,21 @@ description:
     into O(report_dir).
   - V(probe) tells whether the C(ansible-playbook) process O(pid) on O(controller) still runs (a lock left by
     a killed run may be taken over).
-  - V(record) stores one node's record (C(nodes/<host>.json), atomically) and regenerates
-    C(rollout-report.json) and C(rollout-report.md) under a file lock, so a controller killed in the middle
-    of a wave leaves a complete report of the nodes it finished. A re-run of the same rollout keeps the
-    earlier C(upgraded) record of a node it now finds on target.
-  - V(render) regenerates the report and returns it with its Markdown.
+  - V(record) stores one node's record (C(nodes/<host>.json), atomically) and appends its line to the
+    rollout journal (C(journal.jsonl)) under the same file lock; its cost does not grow with the report.
+    A re-run of the same rollout keeps the earlier C(upgraded) record of a node it now finds on target.
+  - V(finish) appends only the journal line that ends a node's transaction (after the soak gate of a
+    golden or canary node, see O(hold)).
+  - V(render) regenerates C(rollout-report.json) and C(rollout-report.md) (once per rollout step) and
+    returns the report with its Markdown; with a plan written by C(rollout_step), the status and the stop
+    reason come from the rollout's budget decision over the journal.
   - The record's fields are described in the collection's C(docs/rollout.md).
 options:
   state:
     description: What to do.
     type: str
     required: true
-    choices: [start, probe, record, render]
+    choices: [start, probe, record, finish, render]
   report_dir:
     description: The rollout's report directory on the controller (one per rollout id).
     type: path
@@ -41,8 +44,14 @@ options:
     description: C({stages, request}) for O(state=start); C(stages) is a list of C({name, hosts, serial}).
     type: dict
   record:
-    description: One node's record for O(state=record); C(node) is required.
+    description: One node's record for O(state=record) and O(state=finish); C(node) is required.
     type: dict
+  hold:
+    description:
+      - With O(state=record), keep the node in flight in the journal (a golden or canary node that passed,
+        before its soak and the check after it); O(state=finish) ends it.
+    type: bool
+    default: false
   controller:
     description: Controller host name of the lock holder to probe.
     type: str
@@ -94,19 +103,19 @@ report_dir:
   type: str
 paths:
   description: Files written (C(json), C(markdown), C(record)).
-  returned: when O(state) is V(start), V(record) or V(render), not in check mode
+  returned: when O(state) is V(record) or V(render), not in check mode
   type: dict
 status:
-  description: C(completed), C(stopped) (a node failed) or C(in_progress).
-  returned: when O(state) is V(start), V(record) or V(render), not in check mode
+  description: C(completed), C(stopped) or C(in_progress).
+  returned: when O(state=render), not in check mode
   type: str
 summary:
   description: Nodes per result (C(upgraded), C(skipped), C(rolled_back), C(flagged), C(refused), C(not_started)).
-  returned: when O(state) is V(start), V(record) or V(render), not in check mode
+  returned: when O(state=render), not in check mode
   type: dict
 stopped_by:
-  description: The nodes that stopped the rollout, C({node, stage, result, reason}).
-  returned: when O(state) is V(start), V(record) or V(render), not in check mode
+  description: The nodes the stop names, C({node, stage, result, reason}).
+  returned: when O(state=render), not in check mode
   type: list
   elements: dict
 report:

@@ -504,6 +504,6 @@ def test_case_34_404_for_the_pinned_version_is_withdrawn_not_an_outage():
     assert (verdict["kind"], verdict["retry"]) == ("withdrawn", False)
     assert "apt-cache madison" in verdict["message"]
     # A repository that cannot be reached is still an outage, and retried.
-    outage = pp.classify_apt_failure(100, "", "E: Failed to fetch http://mirror/pool/x.deb  Temporary failure "
-                                               "resolving 'mirror'")
+    outage = pp.classify_apt_failure(
+        100, "", "E: Failed to fetch http://mirror/pool/x.deb  Temporary failure resolving 'mirror'")
     assert (outage["kind"], outage["retry"]) == ("network", True)

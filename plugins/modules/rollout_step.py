@@ -1,0 +1,147 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: rollout_step
+short_description: Plan a driver rollout, choose each step's hosts and admit nodes within the budgets
+version_added: "0.2.0"
+description:
+  - Runs on the controller (an action plugin; nothing runs on a node). Used by C(playbooks/rollout.yml) and
+    C(playbooks/rollout_step.yml); every decision is C(plugin_utils.rollout_budget.decide) over the rollout
+    journal in O(report_dir).
+  - V(plan) refuses bad input before any host is touched (an empty fleet, a missing golden or canary
+    stage unless in O(allow_missing_stages), a budget that is zero, negative, over 100 % or not a count or
+    percentage, and with O(check_variables) a variable under the collection's prefixes that nothing reads,
+    naming the closest known one), then writes C(plan.json) with each node's stage, GPU class and failure
+    domain.
+  - V(choose) returns the next step's hosts, nodes in flight first, at most O(step_hosts).
+  - V(admit) waits until O(node) may start within its class's budget and stage (re-deciding each time the
+    journal changes), then journals it as started; it returns V(false) for C(admitted) when the rollout
+    stopped or is done, or when no slot can free up in this step.
+  - Budgets, stages and stop reasons are described in the collection's C(docs/rollout.md).
+options:
+  state:
+    description: What to do.
+    type: str
+    required: true
+    choices: [plan, choose, admit]
+  report_dir:
+    description: The rollout's report directory on the controller (one per rollout id).
+    type: path
+    required: true
+  rollout_id:
+    description: The rollout's id, for O(state=plan).
+    type: str
+  stages:
+    description: For O(state=plan), C({golden, canary, waves}), each a list of host names in priority order.
+    type: dict
+  options:
+    description:
+      - Budget options, C({max_unavailable, max_unavailable_domain, failure_budget, signature_limit,
+        background_failure_rate, signature_alpha, window_initial, window_growth}); values may be text.
+    type: dict
+    default: {}
+  class_prefix:
+    description: Prefix of the inventory groups that are GPU classes.
+    type: str
+    default: gpu_
+  domain_prefix:
+    description: Prefix of the inventory groups that are failure domains (racks, partitions); empty for none.
+    type: str
+    default: ""
+  allow_missing_stages:
+    description: Stages (V(golden), V(canary)) that may have no host.
+    type: list
+    elements: str
+    default: []
+  check_variables:
+    description: Refuse unknown variables under the collection's prefixes.
+    type: bool
+    default: true
+  step_hosts:
+    description: For O(state=choose), at most this many hosts in the step; V(0) takes the run's C(forks).
+    type: int
+    default: 0
+  node:
+    description: For O(state=admit), the host asking for a slot.
+    type: str
+  candidates:
+    description: For O(state=admit), the step's hosts.
+    type: list
+    elements: str
+    default: []
+  run_id:
+    description: For O(state=admit), this run's id, written into the journal.
+    type: str
+  poll_s:
+    description: For O(state=admit), seconds between two looks at the journal.
+    type: float
+    default: 2.0
+notes:
+  - This module supports check mode; in check mode it writes nothing and admits every node (the
+    transactions only say what they would do).
+author:
+  - gpufleet.nvidia maintainers (@gpufleet)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.flow
+  - gpufleet.nvidia.controller_action
+"""
+
+EXAMPLES = r"""
+- name: Refuse bad input before any host is touched
+  gpufleet.nvidia.rollout_step:
+    state: plan
+    rollout_id: driver-ltsb
+    report_dir: gpufleet-reports/rollout/driver-ltsb
+    stages: {golden: [gpu-h100-01], canary: [gpu-h100-02], waves: [gpu-h100-03, gpu-a100-01]}
+    options: {max_unavailable: "10%", failure_budget: "1%"}
+
+- name: Choose the hosts of the next step
+  gpufleet.nvidia.rollout_step:
+    state: choose
+    report_dir: gpufleet-reports/rollout/driver-ltsb
+  register: rollout_step
+"""
+
+RETURN = r"""
+report_dir:
+  description: Absolute path of the report directory.
+  returned: always
+  type: str
+nodes:
+  description: Nodes in the plan.
+  returned: when O(state=plan)
+  type: int
+classes:
+  description: Per GPU class C({nodes, max_unavailable, failure_budget, ...}).
+  returned: when O(state) is V(plan) or V(choose)
+  type: dict
+action:
+  description: The decision, C(start), C(wait), C(done) or C(stop).
+  returned: when O(state=choose)
+  type: str
+hosts:
+  description: The next step's hosts.
+  returned: when O(state=choose)
+  type: list
+  elements: str
+stop:
+  description: C({code, reason, nodes}) when the rollout stopped.
+  returned: when O(state) is V(choose) or V(admit)
+  type: dict
+admitted:
+  description: Whether the node may start (or resume) its transaction now.
+  returned: when O(state=admit)
+  type: bool
+why:
+  description: The reason for C(admitted).
+  returned: when O(state=admit), not in check mode
+  type: str
+"""
