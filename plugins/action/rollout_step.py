@@ -202,14 +202,7 @@ class ActionModule(ControllerAction):
         plan = {"rollout_id": args["rollout_id"], "nodes": nodes, "options": args["options"],
                 "stages": [{"name": stage, "hosts": [n["name"] for n in nodes if n["stage"] == stage]}
                            for stage in rollout_budget.STAGES]}
-        old = None
-        try:
-            with open(os.path.join(result["report_dir"], "plan.json"), "r", encoding="utf-8") as handle:
-                old = json.load(handle)
-        except (IOError, OSError, ValueError):
-            pass
-        if old:
-            plan = dict(old, nodes=nodes, options=args["options"], stages=plan["stages"])
+        # write_plan keeps the first start time and the runs of an earlier plan of this rollout.
         result["plan_path"] = rollout_report.write_plan(result["report_dir"], plan)
         return result
 
