@@ -661,8 +661,9 @@ def lock_verdict(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
     * a lock older than ``stale_after_s`` (0 disables) or ``break_lock`` → take it over;
     * otherwise → refuse, naming the holder: a second concurrent rollout must not touch the node.
 
-    :param lock: the parsed lock file, ``None``/``{}`` when absent, or a non-dict when it could
-        not be parsed (refused unless stale by ``break_lock``).
+    :param lock: the parsed lock file, ``None``/``{}`` when absent, or, when it could not be
+        parsed, why (a string, ``node_lock.read_state``'s ``unreadable``): refused, naming the
+        reason, unless ``break_lock``.
     :param owner: this run: ``{"rollout_id", "run_id", "controller", "pid"}``.
     :param now: epoch seconds now.
     :param holder_alive: the holder's liveness when it could be checked, else ``None``.
@@ -683,7 +684,9 @@ def lock_verdict(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
             result["takeover"] = True
             _note(result, "lock_taken_over")
             return result
-        _fail(result, "lock_unreadable", "the rollout lock exists but cannot be read; remove it or break it")
+        _fail(result, "lock_unreadable", "%s: inspect and remove it, or set node_upgrade_lock_break=true to take the "
+                                         "node over" % (lock if isinstance(lock, str) and lock else
+                                                        "the rollout lock exists but cannot be read"))
         return result
     if lock.get("run_id") and lock.get("run_id") == owner.get("run_id"):
         new_lock["acquired_at"] = lock.get("acquired_at", now)

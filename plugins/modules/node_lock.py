@@ -1,0 +1,157 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import absolute_import, division, print_function
+
+__metaclass__ = type
+
+DOCUMENTATION = r"""
+module: node_lock
+short_description: Read, take and release a node's rollout lock atomically
+version_added: "0.2.0"
+description:
+  - Reads the node's rollout lock (and other rollout state files) without trusting their content, takes the lock
+    by compare-and-swap, and releases it only when this run holds it.
+  - O(state=read) returns the parsed file, or why it cannot be read (not JSON, not an object, a directory, a link,
+    too large), and its identity for O(state=acquire).
+  - O(state=acquire) writes O(lock) only when the file is still the one the caller read (O(expect)), under an
+    exclusive C(flock) on the state directory, through a temporary file and C(rename). When another controller
+    took the lock in between, RV(acquired) is V(false) and nothing is written.
+  - O(state=release) removes the lock when it holds O(run_id) (or O(force)); another run's lock is left in place.
+  - The decision whether a run may take a held lock (dead or stale holder, O(force)) is the controller's
+    (the C(gpufleet.nvidia.rollout_lock) filter); this module makes the taking atomic.
+options:
+  path:
+    description:
+      - The lock file (or, with O(state=read), any rollout state file).
+    type: path
+    required: true
+  state:
+    description:
+      - V(read), V(acquire) or V(release).
+    type: str
+    choices: [read, acquire, release]
+    default: read
+  lock:
+    description:
+      - The lock to write with O(state=acquire) (C(rollout_id), C(run_id), C(controller), C(pid), C(acquired_at)).
+    type: dict
+  expect:
+    description:
+      - RV(identity) of the lock file when the decision to take it was made (O(state=read)); empty when it was absent.
+    type: str
+    default: ""
+  run_id:
+    description:
+      - With O(state=release), the run whose lock is removed.
+    type: str
+  force:
+    description:
+      - With O(state=release), remove the lock whatever it holds.
+    type: bool
+    default: false
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: O(state=read) runs; O(state=acquire) and O(state=release) report what they would do and write nothing.
+  diff_mode:
+    support: none
+  platform:
+    platforms: posix
+notes:
+  - This module supports check mode.
+author:
+  - gpufleet.nvidia maintainers (@gpufleet)
+"""
+
+EXAMPLES = r"""
+- name: Read the lock
+  gpufleet.nvidia.node_lock:
+    path: /var/lib/gpufleet/rollout/lock.json
+  register: found
+
+- name: Take it if nobody changed it meanwhile
+  gpufleet.nvidia.node_lock:
+    path: /var/lib/gpufleet/rollout/lock.json
+    state: acquire
+    lock: {rollout_id: driver-ltsb, run_id: "{{ run_id }}", controller: ctl1, pid: 4242, acquired_at: 1764547200}
+    expect: "{{ found.identity | default('', true) }}"
+  register: taken
+"""
+
+RETURN = r"""
+exists:
+  description: Whether the file exists (O(state=read)).
+  type: bool
+  returned: state is read
+content:
+  description: The parsed JSON object, or null when absent or unreadable.
+  type: dict
+  returned: state is read
+unreadable:
+  description: Why a file that exists cannot be used, or null.
+  type: str
+  returned: state is read
+  sample: /var/lib/gpufleet/rollout/lock.json is not JSON (Expecting value, line 1 column 1 (char 0))
+identity:
+  description: What the file is, for O(expect) (C(sha256:<hex>) of its bytes), or null when absent.
+  type: str
+  returned: state is read
+acquired:
+  description: Whether the lock is now this run's.
+  type: bool
+  returned: state is acquire
+released:
+  description: Whether the lock is gone (or was never there).
+  type: bool
+  returned: state is release
+found:
+  description: The lock found (or written).
+  type: dict
+  returned: state is acquire or release
+reason:
+  description: Why the lock was not taken or not released, or null.
+  type: str
+  returned: state is acquire or release
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            state=dict(type="str", choices=["read", "acquire", "release"], default="read"),
+            lock=dict(type="dict"),
+            expect=dict(type="str", default=""),
+            run_id=dict(type="str"),
+            force=dict(type="bool", default=False),
+        ),
+        required_if=[("state", "acquire", ["lock"]), ("state", "release", ["run_id"])],
+        supports_check_mode=True,
+    )
+    path, state = module.params["path"], module.params["state"]
+    try:
+        if state == "read":
+            module.exit_json(changed=False, **node_lock.read_state(path))
+        if module.check_mode:
+            module.exit_json(changed=False, acquired=state == "acquire", released=state == "release", found=None,
+                             reason="check mode: nothing written")
+        if state == "acquire":
+            result = node_lock.acquire(path, module.params["lock"], module.params["expect"] or None)
+        else:
+            result = node_lock.release(path, module.params["run_id"], module.params["force"])
+    except OSError as exc:
+        module.fail_json(msg="%s: %s" % (path, exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

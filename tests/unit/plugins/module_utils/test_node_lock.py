@@ -1,0 +1,148 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node's rollout lock: untrusted state files, compare-and-swap between real processes, release."""
+
+from __future__ import annotations
+
+import base64
+import json
+import multiprocessing
+import os
+
+from ansible_collections.gpufleet.nvidia.plugins.filter.rollout import rollout_state_file
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import lock_verdict
+
+OWNER = {"rollout_id": "driver-ltsb", "run_id": "ctl-1-1", "controller": "ctl", "pid": 11}
+OTHER = {"rollout_id": "driver-620", "run_id": "ctl2-2-2", "controller": "ctl2", "pid": 22}
+
+
+def lock_of(owner, at=100.0):
+    return dict(owner, acquired_at=at)
+
+
+def test_absent_file(tmp_path):
+    assert node_lock.read_state(str(tmp_path / "lock.json")) == {
+        "exists": False, "content": None, "unreadable": None, "identity": None}
+
+
+def test_valid_lock_is_parsed_with_its_identity(tmp_path):
+    path = tmp_path / "lock.json"
+    raw = json.dumps(lock_of(OTHER)).encode()
+    path.write_bytes(raw)
+    state = node_lock.read_state(str(path))
+    assert state["content"]["run_id"] == "ctl2-2-2"
+    assert state["unreadable"] is None
+    assert state["identity"] == node_lock.identity(raw) and state["identity"].startswith("sha256:")
+
+
+def test_corrupt_files_say_why_and_are_never_an_exception(tmp_path):
+    cases = {
+        b'{"rollout_id": "x", "run_id"': "is not JSON",
+        b"[1, 2]": "holds a JSON list, not an object",
+        b'"text"': "holds a JSON str, not an object",
+        b"\xff\xfe\x00garbage": "is not UTF-8 text",
+        b"": "is not JSON",
+        b"{" + b" " * node_lock.MAX_STATE_BYTES + b"}": "is larger than 65536 bytes",
+    }
+    for raw, words in cases.items():
+        path = tmp_path / "lock.json"
+        path.write_bytes(raw)
+        state = node_lock.read_state(str(path))
+        assert state["exists"] is True and state["content"] is None, raw[:20]
+        assert words in state["unreadable"] and str(path) in state["unreadable"], (raw[:20], state)
+        assert state["identity"] is not None
+
+
+def test_directory_link_and_fifo_are_not_read(tmp_path):
+    directory = tmp_path / "as-dir"
+    directory.mkdir()
+    assert "is a directory" in node_lock.read_state(str(directory))["unreadable"]
+    secret = tmp_path / "secret"
+    secret.write_text('{"run_id": "from a link"}')
+    link = tmp_path / "link.json"
+    link.symlink_to(secret)
+    state = node_lock.read_state(str(link))
+    assert state["content"] is None and "is a symbolic link" in state["unreadable"]
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(str(fifo))
+    assert "is not a regular file" in node_lock.read_state(str(fifo))["unreadable"]  # and it did not block
+
+
+def test_acquire_a_free_lock_then_a_second_taker_is_refused_naming_the_holder(tmp_path):
+    path = str(tmp_path / "rollout" / "lock.json")
+    first = node_lock.acquire(path, lock_of(OWNER), None)
+    assert first["acquired"] is True and first["changed"] is True
+    assert oct(os.stat(os.path.dirname(path)).st_mode & 0o777) == "0o700"
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    second = node_lock.acquire(path, lock_of(OTHER), None)  # decided on "free", but it no longer is
+    assert second["acquired"] is False
+    assert "now held by rollout driver-ltsb (run ctl-1-1, controller ctl, pid 11)" in second["reason"]
+    assert node_lock.read_state(path)["content"]["run_id"] == "ctl-1-1"
+
+
+def test_acquire_replaces_only_the_file_the_decision_was_made_on(tmp_path):
+    path = tmp_path / "lock.json"
+    path.write_bytes(b"corrupt{")
+    seen = node_lock.read_state(str(path))["identity"]
+    taken = node_lock.acquire(str(path), lock_of(OWNER), seen)
+    assert taken["acquired"] is True
+    assert json.loads(path.read_text())["run_id"] == "ctl-1-1"
+    # The same call again (the file is now ours, not "corrupt{"): refused, nothing written.
+    again = node_lock.acquire(str(path), lock_of(OTHER), seen)
+    assert again["acquired"] is False and json.loads(path.read_text())["run_id"] == "ctl-1-1"
+
+
+def _race(path, owner, barrier, results):
+    seen = node_lock.read_state(path)["identity"]  # both read "absent"
+    barrier.wait()
+    results.put((owner["run_id"], node_lock.acquire(path, lock_of(owner), seen)["acquired"]))
+
+
+def test_two_processes_that_both_saw_a_free_lock_exactly_one_takes_it(tmp_path):
+    context = multiprocessing.get_context("fork")
+    for attempt in range(10):
+        path = str(tmp_path / ("lock-%d.json" % attempt))
+        barrier, results = context.Barrier(2), context.Queue()
+        workers = [context.Process(target=_race, args=(path, owner, barrier, results)) for owner in (OWNER, OTHER)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(30)
+        outcome = dict(results.get(timeout=5) for _ in workers)
+        assert sorted(outcome.values()) == [False, True], outcome
+        winner = [run for run, won in outcome.items() if won][0]
+        assert node_lock.read_state(path)["content"]["run_id"] == winner
+
+
+def test_release_removes_only_this_runs_lock(tmp_path):
+    path = str(tmp_path / "lock.json")
+    node_lock.acquire(path, lock_of(OTHER), None)
+    kept = node_lock.release(path, OWNER["run_id"])
+    assert kept["released"] is False and "run ctl2-2-2" in kept["reason"] and os.path.exists(path)
+    assert node_lock.release(path, OTHER["run_id"])["changed"] is True and not os.path.exists(path)
+    assert node_lock.release(path, OTHER["run_id"]) == {"released": True, "changed": False, "found": None, "reason": None}
+    node_lock.acquire(path, lock_of(OTHER), None)
+    assert node_lock.release(path, OWNER["run_id"], force=True)["released"] is True and not os.path.exists(path)
+
+
+def test_state_file_filter_reads_slurp_results():
+    content = base64.b64encode(json.dumps(lock_of(OTHER)).encode()).decode()
+    parsed = rollout_state_file({"content": content, "source": "/var/lib/gpufleet/rollout/lock.json"})
+    assert parsed["content"]["pid"] == 22
+    assert rollout_state_file({"failed": False, "msg": "file not found: /x", "item": "/x"})["exists"] is False
+    garbage = rollout_state_file({"content": base64.b64encode(b"not json").decode(), "item": "/etc/flag.fact"})
+    assert garbage["content"] is None and garbage["unreadable"].startswith("/etc/flag.fact is not JSON")
+    directory = rollout_state_file({"msg": "source is a directory and must be a file", "item": "/x"})
+    assert directory["unreadable"] == "/x cannot be read (source is a directory and must be a file)"
+
+
+def test_unreadable_lock_is_refused_with_its_reason_and_taken_over_on_break():
+    reason = "/var/lib/gpufleet/rollout/lock.json is not JSON (Expecting value: line 1 column 1 (char 0))"
+    refused = lock_verdict(reason, OWNER, 200.0)
+    assert refused["ok"] is False and refused["flags"] == ["lock_unreadable"]
+    assert refused["reasons"] == [reason + ": inspect and remove it, or set node_upgrade_lock_break=true to take "
+                                           "the node over"]
+    taken = lock_verdict(reason, OWNER, 200.0, break_lock=True)
+    assert taken["ok"] is True and taken["takeover"] is True and taken["lock"]["run_id"] == "ctl-1-1"
