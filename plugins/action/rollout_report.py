@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import time
 from datetime import datetime, timezone
 
@@ -14,6 +13,7 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import pid_alive, run_identity
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "required": True, "choices": ["start", "probe", "record", "finish", "render"]},
@@ -25,46 +25,6 @@ ARGUMENT_SPEC = {
     "pid": {"type": "int"},
     "hold": {"type": "bool", "default": False},
 }
-
-
-def process_start_ticks(pid, proc_root="/proc"):
-    """Start time of a process in clock ticks since boot (``/proc/<pid>/stat`` field 22), or ``None``.
-
-    Source: proc(5), ``/proc/[pid]/stat`` ``starttime``.
-    """
-    try:
-        with open(os.path.join(proc_root, str(pid), "stat"), "r") as handle:
-            text = handle.read()
-    except (IOError, OSError):
-        return None
-    fields = text.rsplit(")", 1)[-1].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
-
-
-def run_identity(proc_root="/proc"):
-    """Identify this ansible-playbook run: the same in every worker of one run, new in the next.
-
-    Workers are forked from the ansible-playbook process, so the parent pid is the run's pid;
-    with the process start time it makes an id that pid reuse cannot repeat.
-    :returns: ``{"run_id", "controller", "pid"}``.
-    """
-    pid = os.getppid()
-    controller = socket.gethostname()
-    return {"run_id": "%s-%d-%s" % (controller, pid, process_start_ticks(pid, proc_root) or 0),
-            "controller": controller, "pid": pid}
-
-
-def pid_alive(pid, proc_root="/proc"):
-    """Whether ``pid`` is a running ansible process on this controller (``/proc/<pid>/cmdline``)."""
-    try:
-        with open(os.path.join(proc_root, str(int(pid)), "cmdline"), "rb") as handle:
-            cmdline = handle.read()
-    except (IOError, OSError, ValueError, TypeError):
-        return False
-    return b"ansible" in cmdline
 
 
 def _journal_event(record, hold, stamp):

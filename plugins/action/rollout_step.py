@@ -16,9 +16,10 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import run_alive
 
 ARGUMENT_SPEC = {
-    "state": {"type": "str", "required": True, "choices": ["plan", "choose", "admit"]},
+    "state": {"type": "str", "required": True, "choices": ["plan", "choose", "admit", "unfinished"]},
     "report_dir": {"type": "path", "required": True},
     "rollout_id": {"type": "str"},
     "stages": {"type": "dict"},
@@ -32,6 +33,8 @@ ARGUMENT_SPEC = {
     "candidates": {"type": "list", "elements": "str", "default": []},
     "run_id": {"type": "str"},
     "poll_s": {"type": "float", "default": 2.0},
+    "allow_concurrent": {"type": "bool", "default": False},
+    "concurrent_stale_s": {"type": "float", "default": 21600.0},
 }
 
 #: The collection's variable prefixes: a name under one of them that no role or playbook knows
@@ -171,6 +174,9 @@ class ActionModule(ControllerAction):
                            "classes": decision["budgets"], "quarantined": decision["quarantined"],
                            "deferred": decision["deferred"], "stages": decision["stages"]})
             return result
+        if args["state"] == "unfinished":
+            result["unfinished"] = rollout_journal.unfinished(rollout_journal.read(directory), args["candidates"])
+            return result
         return self._admit(result, args, options, directory)
 
     def _plan(self, result, args, options, task_vars):
@@ -192,9 +198,18 @@ class ActionModule(ControllerAction):
                 if not stages.get(stage) and stage not in args["allow_missing_stages"]:
                     problems.append("the %s stage has no host: add hosts to the %s group, or set "
                                     "rollout_allow_no_%s=true to roll out without it" % (stage, stage, stage))
+        nodes = plan_nodes(stages, task_vars.get("groups", {}), args["class_prefix"], args["domain_prefix"])
+        if not args["allow_concurrent"]:
+            for other in rollout_journal.concurrent_rollouts(
+                    os.path.dirname(result["report_dir"]), args["rollout_id"], [n["name"] for n in nodes], time.time(),
+                    args["concurrent_stale_s"], run_alive):
+                problems.append("rollout %s is running on %d of these nodes (%s; run %s, last written %d s ago, "
+                                "report %s): let it finish or stop it, or set rollout_allow_concurrent=true if you "
+                                "mean to" % (other["rollout_id"], len(other["overlap"]), ", ".join(other["overlap"][:5])
+                                             + (", ..." if len(other["overlap"]) > 5 else ""), other["run_id"],
+                                             other["age_s"], other["report_dir"]))
         if problems:
             raise AnsibleActionFail("rollout refused before any host was touched: %s" % "; ".join(problems))
-        nodes = plan_nodes(stages, task_vars.get("groups", {}), args["class_prefix"], args["domain_prefix"])
         result["nodes"] = len(nodes)
         result["classes"] = rollout_budget.budgets([dict(n, status="pending") for n in nodes], options)
         if self._task.check_mode:

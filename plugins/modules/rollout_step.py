@@ -24,13 +24,19 @@ description:
   - V(admit) waits until O(node) may start within its class's budget and stage (re-deciding each time the
     journal changes), then journals it as started; it returns V(false) for C(admitted) when the rollout
     stopped or is done, or when no slot can free up in this step.
+  - V(plan) also refuses to start while another rollout with a report directory beside O(report_dir) runs on any of
+    the same nodes (its run on this controller is alive, or another controller wrote it within
+    O(concurrent_stale_s)), unless O(allow_concurrent). Across controllers that share no report directory, the
+    nodes' own locks (C(gpufleet.nvidia.node_lock)) let exactly one rollout through per node.
+  - V(unfinished) returns the nodes of O(candidates) that the journal still has in flight. At the end of a step
+    these are the nodes that lost their connection or failed outside their transaction, which have no record yet.
   - Budgets, stages and stop reasons are described in the collection's C(docs/rollout.md).
 options:
   state:
     description: What to do.
     type: str
     required: true
-    choices: [plan, choose, admit]
+    choices: [plan, choose, admit, unfinished]
   report_dir:
     description: The rollout's report directory on the controller (one per rollout id).
     type: path
@@ -72,7 +78,7 @@ options:
     description: For O(state=admit), the host asking for a slot.
     type: str
   candidates:
-    description: For O(state=admit), the step's hosts.
+    description: For O(state=admit) and O(state=unfinished), the step's hosts.
     type: list
     elements: str
     default: []
@@ -83,6 +89,16 @@ options:
     description: For O(state=admit), seconds between two looks at the journal.
     type: float
     default: 2.0
+  allow_concurrent:
+    description: For O(state=plan), start even while another rollout runs on some of the same nodes.
+    type: bool
+    default: false
+  concurrent_stale_s:
+    description:
+      - For O(state=plan), seconds after which another controller's rollout that wrote nothing is taken as no
+        longer running (its liveness cannot be seen from here).
+    type: float
+    default: 21600
 notes:
   - This module supports check mode; in check mode it writes nothing and admits every node (the
     transactions only say what they would do).
@@ -119,6 +135,11 @@ nodes:
   description: Nodes in the plan.
   returned: when O(state=plan)
   type: int
+unfinished:
+  description: Of O(candidates), the nodes still in flight in the journal (no record yet).
+  returned: when O(state=unfinished)
+  type: list
+  elements: str
 classes:
   description: Per GPU class C({nodes, max_unavailable, failure_budget, ...}).
   returned: when O(state) is V(plan) or V(choose)

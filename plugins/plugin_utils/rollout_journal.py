@@ -26,7 +26,7 @@ import contextlib
 import fcntl
 import json
 import os
-from typing import Any, Dict, Iterator, List, Mapping
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 JOURNAL = "journal.jsonl"
 
@@ -124,3 +124,58 @@ def status_of(result: str) -> str:
     if result == "refused":
         return "refused"
     return "failed"
+
+
+def unfinished(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
+    """The nodes among ``nodes`` that the journal still has in flight (started or held, not finished).
+
+    At the end of a step every host of the step has ended its play, so a node of the step still
+    in flight lost its connection or failed outside its transaction's rescue: it has no record.
+    """
+    return [n for n in nodes if (journal.get(n) or {}).get("status") == "in_flight"]
+
+
+def concurrent_rollouts(parent: str, rollout_id: str, nodes: Any, now: float, stale_s: float,
+                        alive: Callable[[str], Optional[bool]]) -> List[Dict[str, Any]]:
+    """Other rollouts under ``parent`` (the directory holding each rollout's report directory) that run
+    now on any of ``nodes``.
+
+    A rollout is running when the run that started one of its nodes in flight, or its latest run
+    (``plan.json`` ``runs``), is alive: ``alive(run_id)`` true (a run of this controller whose process runs), or unknown
+    (``None``: another controller's run) and its plan or journal written within ``stale_s`` seconds.
+    A rollout whose runs are all gone is not running: it is resumed by its own next run.
+
+    :param parent: e.g. ``gpufleet-reports/rollout``; rollouts are its subdirectories with a
+        ``plan.json`` (I/O: lists it, reads each journal).
+    :param rollout_id: this rollout (not counted).
+    :param nodes: this rollout's node names; a rollout on other nodes only is not counted.
+    :returns: ``[{"rollout_id", "report_dir", "overlap": [node], "in_flight": [node], "run_id", "age_s"}]``.
+    """
+    found = []
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        return found
+    for name in names:
+        directory = os.path.join(parent, name)
+        try:
+            with open(os.path.join(directory, "plan.json"), "r", encoding="utf-8") as handle:
+                plan = json.load(handle)
+            other = plan.get("rollout_id")
+            age = now - max(os.stat(os.path.join(directory, f)).st_mtime for f in ("plan.json", JOURNAL)
+                            if os.path.exists(os.path.join(directory, f)))
+        except (OSError, ValueError, AttributeError):
+            continue
+        overlap = sorted(set(nodes) & set(n.get("name") for n in plan.get("nodes") or [] if isinstance(n, dict)))
+        if other == rollout_id or not overlap:
+            continue
+        journal = read(directory)
+        flying = sorted(n for n, s in journal.items() if s.get("status") == "in_flight")
+        runs = sorted(set(journal[n].get("run_id") or "" for n in flying) | set((plan.get("runs") or [])[-1:]))
+        for run_id in runs:
+            live = alive(run_id)
+            if live or (live is None and age <= stale_s):
+                found.append({"rollout_id": other, "report_dir": directory, "overlap": overlap, "in_flight": flying,
+                              "run_id": run_id, "age_s": round(age, 1)})
+                break
+    return found

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from jinja2 import Environment, StrictUndefined
@@ -36,7 +37,7 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_journal im
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_output import write_atomic
 
 RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed")
-STOPPING = ("rolled_back", "flagged", "refused", "failed")
+STOPPING = ("rolled_back", "flagged", "refused", "failed", "unreachable", "interrupted")
 _DONE = ("upgraded", "skipped")
 
 
@@ -70,6 +71,48 @@ def durations_from_marks(marks: Optional[Mapping[str, Any]]) -> Dict[str, Option
         except (KeyError, TypeError, ValueError):
             out[name] = None
     return out
+
+
+#: The phases of a transaction in order, by the mark that ends each (role tasks set the marks).
+_PHASE_MARKS = (("drained", "drain"), ("snapshot", "snapshot"), ("installed", "install"), ("rebooted", "reboot"),
+                ("verified", "verification"), ("undrained", "return to service"), ("failed", "failure"),
+                ("recovered", "recovery"))
+
+
+def cut_off_record(node: str, stage: str, rollout_id: str, run_id: str, answers: bool,
+                   hostvars: Optional[Mapping[str, Any]] = None, now: Optional[float] = None) -> Dict[str, Any]:
+    """The record of a node whose transaction ended without one: it lost its connection mid-transaction.
+
+    Ansible skips ``rescue`` and ``always`` for a host that becomes unreachable, so such a node
+    may be drained and locked, with no flag. At the end of the step the controller records it
+    here: a failed result (out of service, quarantined, counted against the budgets) that says
+    how far the transaction got.
+
+    :param answers: whether the node answers now (a ``ping`` at the end of the step).
+    :param hostvars: the node's host variables in this run (``__node_upgrade_marks``: epoch
+        seconds per phase, ``__node_upgrade_target``, ``__node_upgrade_preflight_facts``).
+    :returns: a record for :func:`store_record`: ``result`` ``unreachable`` (it does not answer)
+        or ``interrupted`` (it answers again), ``flags`` ``[result]``, ``reason``, ``marks``,
+        ``target``, ``before``.
+    """
+    hostvars = hostvars or {}
+    marks = dict(hostvars.get("__node_upgrade_marks") or {})
+    done = [label for mark, label in _PHASE_MARKS if mark in marks]
+    after = ("after its %s" % done[-1]) if done else "before its drain finished"
+    drained = "drained" in marks and "undrained" not in marks
+    result = "interrupted" if answers else "unreachable"
+    reason = "the node %s %s; its transaction did not finish: left %slocked, without a flag; out of service " \
+             "until an operator checks it (rollback.yml returns it to its last known-good driver)" % (
+                 "lost its connection and answers again" if answers else "stopped answering", after,
+                 "drained and " if drained else "")
+    target = hostvars.get("__node_upgrade_target") or None
+    facts = hostvars.get("__node_upgrade_preflight_facts") or {}
+    driver = facts.get("driver") if isinstance(facts, Mapping) else None
+    marks["finished"] = now if now is not None else time.time()
+    return {"node": node, "stage": stage, "rollout_id": rollout_id, "run_id": run_id, "result": result,
+            "reason": reason, "flags": [result], "target": {"version": target},
+            "before": {"loaded": (driver or {}).get("loaded_version")} if driver else {},
+            "after": {}, "marks": marks, "drained": drained}
 
 
 def merge_record(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> Dict[str, Any]:

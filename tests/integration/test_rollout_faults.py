@@ -75,7 +75,8 @@ def test_every_fault_kind_at_every_stage_stops_the_rollout_at_that_node(matrix_f
             fleet.fault(node, kind, **args)
     procs = {}
     for rid, node, stage, _kind, _args in MATRIX:
-        procs[rid] = rollouts.rollout(rid, "%s:%s" % (node, SENTINEL), *stage_vars(node, stage), start=True)[0]
+        procs[rid] = rollouts.rollout(rid, "%s:%s" % (node, SENTINEL), *stage_vars(node, stage), start=True,
+                                      concurrent=True)[0]
     # The Xid storms come during the soak that follows a verified upgrade.
     for rid, node, _stage, kind, args in MATRIX:
         if kind == "xid_storm":

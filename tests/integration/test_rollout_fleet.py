@@ -16,13 +16,22 @@ LTSB, installed by the driver role). Then, in order:
   report saying why;
 * rollback.yml returns the wave (node03, node04) to 580.126.20;
 * a lock held by another controller refuses a second rollout on a node;
-* faults, five rollouts at once on disjoint nodes: a module build failure in a wave (node03),
+* faults, five rollouts at once on disjoint nodes (and one sentinel node that none reaches): a module build failure in a wave (node03),
   a GPU lost after the golden node's reboot (node05), a fatal Xid storm during the canary
   pool's soak (node07, after golden node06), a version mismatch after the reboot (golden
   node01) and a reboot that never comes back (golden node02). Each failed node ends on its
   last known-good driver or drained and flagged, its rollout stops there and every other node
   (node04, the wave all of them would reach next) is untouched. The wave case runs with one
   class for both nodes and a failure budget of 0 (zero tolerance), so its first failure stops it.
+
+* a node cut off during its drain (node04 powered off, its reboot hangs): recorded unreachable,
+  drained and out of service; the next run leaves it alone; a new rollout takes over the dead
+  run's lock and carries it through;
+* two rollouts with different targets started at once on node03 and node07 from report
+  directories apart (two controllers): exactly one proceeds per node, the other is refused by the
+  node's lock; a third beside the first one's directory is refused before any host is touched.
+
+Nodes leave the rollout with their kernel held (node03 has stand-in kernel packages).
 
 Drain uses the ``command`` backend: a marker file per node in the test's directory, so that
 "drained" is visible on the controller.
@@ -45,6 +54,7 @@ SIMFLEET_DIR = os.path.join(REPO, "tests", "simfleet")
 if SIMFLEET_DIR not in sys.path:
     sys.path.append(SIMFLEET_DIR)
 
+from test_driver_kernel_hold import give_node_kernel_packages, upgrades  # noqa: E402
 from simfleet.testing import (  # noqa: E402
     FLEET_DRIVER_VARS,
     SimFleet,
@@ -129,10 +139,13 @@ class Rollouts(object):
         with open(log) as handle:
             return proc.returncode, handle.read()
 
-    def rollout(self, rollout_id, hosts, *extra, start=False):
+    def rollout(self, rollout_id, hosts, *extra, start=False, concurrent=False):
+        """Run (or ``start``) a rollout; ``concurrent``: rollouts started together that share a sentinel node."""
         args = ["-e", "driver_branch=ltsb", "-e", "rollout_id=%s" % rollout_id, "-e", "rollout_hosts=%s" % hosts,
                 "-e", "rollout_report_dir=%s" % self.report_dir(rollout_id), "-e", "rollout_soak_s=0",
                 "-e", "rollout_allow_no_golden=true", "-e", "rollout_allow_no_canary=true"] + list(extra)
+        if concurrent:
+            args += ["-e", "rollout_allow_concurrent=true"]
         return self.start(ROLLOUT, *args) if start else self.run(ROLLOUT, *args)
 
     def started(self, rollout_id):
@@ -147,6 +160,20 @@ class Rollouts(object):
 
     def report_dir(self, rollout_id):
         return os.path.join(self.dir, "reports", rollout_id)
+
+    def kernel_held(self, node):
+        """The kernel_hold role's record on the node (None when absent) and the unattended-upgrades blacklist."""
+        out = self.fleet.run(node, "cat /etc/ansible/facts.d/gpufleet_kernel_hold.fact").stdout
+        blacklist = self.fleet.run(node, "test -e /etc/apt/apt.conf.d/51gpufleet-kernel-hold").returncode == 0
+        return (json.loads(out) if out.strip() else None), blacklist
+
+    def clear(self, node):
+        """Clear a node's faults, rollout flag and drain mark (an operator's work once a failure is understood)."""
+        self.fleet.fault(node, "clear")
+        self.fleet.run(node, "rm -f /etc/ansible/facts.d/gpufleet_rollout.fact", check=True)
+        marker = os.path.join(self.dir, "drained", node)
+        if os.path.exists(marker):
+            os.unlink(marker)
 
     def report(self, rollout_id):
         with open(os.path.join(self.report_dir(rollout_id), "rollout-report.json")) as handle:
@@ -267,7 +294,9 @@ def test_bad_input_is_refused_before_any_host_is_touched(rollouts):
     assert not os.path.exists(os.path.join(rollouts.report_dir("bad"), "journal.jsonl"))
 
 
-def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts):
+def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts, tmp_path):
+    kernel = give_node_kernel_packages(rollouts.fleet, "node03", tmp_path)
+    assert "linux-image-%s" % kernel not in rollouts.sh("node03", "apt-mark showhold").split()
     proc, log = rollouts.rollout("ltsb", "node01:node02:node03:node04", start=True)
     killed = False
     deadline = time.time() + 1500
@@ -316,6 +345,12 @@ def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts):
         assert not rollouts.lock_exists(node)
         local = json.loads(rollouts.sh(node, "cat /etc/ansible/facts.d/gpufleet_driver.fact"))
         assert local["last_known_good"]["version"] == rollouts.userspace(node)
+        # A node leaves the rollout with its kernel held, as the driver role holds the driver.
+        record, blacklist = rollouts.kernel_held(node)
+        assert record["running_kernel"] == kernel and blacklist, (node, record)
+    held = set(rollouts.sh("node03", "apt-mark showhold").split())
+    assert {"linux-image-%s" % kernel, "linux-image-amd64"} <= held
+    assert "linux-image-amd64" not in upgrades(rollouts.fleet, "node03")  # the newer kernel is not taken
     # The H100 policy is in effect after the reboot.
     policy = json.loads(rollouts.sh("node01", "cat /var/lib/gpufleet/gpu_policy/report.json"))
     assert all(gpu["in_effect"]["power_limit_w"] == 600.0 and gpu["in_effect"]["persistence_mode"] is True
@@ -404,18 +439,18 @@ def test_five_fault_kinds_at_golden_in_the_canary_pool_and_in_a_wave(rollouts):
         # Wave, one class for both nodes and zero tolerance: node03 fails to build the module; node04,
         # waiting for the class's only slot, never starts.
         rollouts.rollout("f-wave", "node03:node04", "-e", "rollout_class_prefix=none_",
-                         "-e", "rollout_failure_budget=0", start=True)[0],
+                         "-e", "rollout_failure_budget=0", start=True, concurrent=True)[0],
         # Golden: a GPU falls off the bus at the reboot.
-        rollouts.rollout("f-golden", "node05:node04", "-e", "rollout_golden_group=golden_b", start=True)[0],
+        rollouts.rollout("f-golden", "node05:node04", "-e", "rollout_golden_group=golden_b", start=True, concurrent=True)[0],
         # Canary: golden node06 passes; a fatal Xid storm hits canary node07 during its soak.
         rollouts.rollout("f-canary", "node06:node07:node04", "-e", "rollout_golden_group=golden_c",
-                         "-e", "rollout_canary_group=canary_c", "-e", "rollout_soak_s=40", start=True)[0],
+                         "-e", "rollout_canary_group=canary_c", "-e", "rollout_soak_s=40", start=True, concurrent=True)[0],
         # Golden node01 (on 620.82.01, going to 620.70.06): the module loaded after the reboot is not the one
         # installed. Golden node02: its reboot never comes back.
-        rollouts.rollout("f-mismatch", "node01:node04", "-e", "driver_version=620.70.06", start=True)[0],
+        rollouts.rollout("f-mismatch", "node01:node04", "-e", "driver_version=620.70.06", start=True, concurrent=True)[0],
         rollouts.rollout("f-hang", "node02:node04", "-e", "driver_version=620.70.06",
                          "-e", "rollout_golden_group=gpufleet_canary", "-e", "rollout_canary_group=none",
-                         start=True)[0],
+                         start=True, concurrent=True)[0],
     ]
     wait_for(lambda: (rollouts.record("f-canary", "node07") or {}).get("result") == "upgraded", 1200,
              "the canary node07 to be upgraded")
@@ -459,3 +494,79 @@ def test_five_fault_kinds_at_golden_in_the_canary_pool_and_in_a_wave(rollouts):
         assert rollouts.record(rollout_id, "node04") is None
     assert rollouts.state("node04") == untouched
     fleet.fault("node02", "clear")
+
+
+def test_node_cut_off_mid_transaction_is_recorded_and_stays_out_of_service(rollouts):
+    """node04's power goes during its (slow) drain: the transaction cannot go on, its rescue never runs."""
+    fleet = rollouts.fleet
+    proc, log = rollouts.rollout("cutoff", "node04", start=True)
+    wait_for(lambda: rollouts.lock_exists("node04"), 600, "node04 to take its lock")
+    fleet.fault("node04", "reboot_hang")
+    assert fleet.reboot("node04") is None  # down, and it stays down
+    code = proc.wait(timeout=900)
+    out = open(log).read()
+    assert code == 4, out[-4000:]  # a host was unreachable
+    record = rollouts.record("cutoff", "node04")
+    assert record["result"] == "unreachable" and record["flags"] == ["unreachable"], record
+    assert record["reason"].startswith("the node stopped answering after its drain; its transaction did not finish: "
+                                       "left drained and locked, without a flag; out of service"), record["reason"]
+    assert record["drained"] is True and record["target"]["version"] == "580.178.04"
+    report = rollouts.report("cutoff")
+    assert [q["node"] for q in report["quarantined"]] == ["node04"]
+    assert report["summary"]["unreachable"] == 1
+    assert rollouts.drained("node04")
+    # It comes back: still drained and locked (a person looks at it first); the next run of the
+    # rollout leaves it alone and keeps it out of service.
+    fleet.fault("node04", "clear")
+    wait_for(lambda: fleet.boot_id("node04") is not None and fleet.run("node04", "true").returncode == 0, 300,
+             "node04 to boot again")
+    assert rollouts.lock_exists("node04")
+    before = rollouts.state("node04")
+    code, out = rollouts.rollout("cutoff", "node04")
+    assert code == 0, out[-4000:]
+    assert rollouts.started("cutoff") == {"node04": 1}
+    assert rollouts.record("cutoff", "node04")["result"] == "unreachable"
+    assert rollouts.state("node04") == before
+    budgets = rollouts.report("cutoff")["budgets"]["gpu_v100"]
+    assert budgets["out_of_service"] == 1, budgets
+    # Once looked at, a new rollout takes over the dead run's lock and carries the node through.
+    code, out = rollouts.rollout("cutoff-retry", "node04")
+    assert code == 0, out[-4000:]
+    assert rollouts.record("cutoff-retry", "node04")["result"] == "upgraded"
+    assert_on(rollouts, "node04", "580.178.04")
+    assert not rollouts.lock_exists("node04") and not rollouts.drained("node04")
+
+
+def test_two_rollouts_at_once_on_the_same_nodes_one_proceeds_per_node(rollouts):
+    """Two controllers (report directories apart) roll different targets onto node03 and node07 at once."""
+    for node in ("node03", "node07"):
+        rollouts.clear(node)
+        assert_on(rollouts, node, BASELINE)
+    targets = {"ctl-a": "580.178.04", "ctl-b": "620.82.01"}
+    dirs = dict((name, os.path.join(rollouts.dir, name, "conc-" + name)) for name in targets)
+    both = ["-e", "rollout_class_prefix=none_", "-e", "rollout_window_initial=2", "-e", "rollout_max_unavailable=100%"]
+    procs = dict((name, rollouts.rollout("conc-" + name, "node03:node07", "-e", "driver_version=%s" % version,
+                                         "-e", "rollout_report_dir=%s" % dirs[name], *both, start=True))
+                 for name, version in targets.items())
+    # A third rollout beside the first one's report directory is refused before any host is touched.
+    wait_for(lambda: os.path.exists(os.path.join(dirs["ctl-a"], "journal.jsonl")), 300, "ctl-a to start a node")
+    third = os.path.join(rollouts.dir, "ctl-a", "conc-third")
+    code, out = rollouts.rollout("conc-third", "node07", "-e", "driver_version=620.70.06",
+                                 "-e", "rollout_report_dir=%s" % third)
+    assert code != 0 and "rollout refused before any host was touched: rollout conc-ctl-a is running on 1 of " \
+                          "these nodes (node07; run " in out, out[-3000:]
+    assert not os.path.exists(os.path.join(third, "journal.jsonl"))
+    for name, (proc, log) in procs.items():
+        proc.wait(timeout=1200)
+    for node in ("node03", "node07"):
+        results = {}
+        for name in targets:
+            with open(os.path.join(dirs[name], "nodes", node + ".json")) as handle:
+                results[name] = json.load(handle)
+        winners = [name for name, r in results.items() if r["result"] == "upgraded"]
+        assert len(winners) == 1, (node, dict((n, (r["result"], r["reason"])) for n, r in results.items()))
+        loser = [name for name in targets if name not in winners][0]
+        assert results[loser]["result"] == "refused" and "locked" in results[loser]["flags"], results[loser]
+        assert "another rollout" in results[loser]["reason"], results[loser]["reason"]
+        assert_on(rollouts, node, targets[winners[0]])
+        assert not rollouts.lock_exists(node) and not rollouts.drained(node)

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import threading
 
-from ansible_collections.gpufleet.nvidia.plugins.action.rollout_report import pid_alive, process_start_ticks
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import pid_alive, process_start_ticks
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report as rr
 
 PLAN = {"rollout_id": "driver-ltsb", "stages": [
@@ -182,3 +183,26 @@ def test_action_start_record_render_and_probe(tmp_path):
     stored = json.loads((tmp_path / "rep" / "nodes" / "n1.json").read_text())
     assert stored["durations"]["preflight_drain_s"] == 2.0 and stored["durations"]["total_s"] == 60.0
     assert stored["started_at"] == "1970-01-01T00:00:10Z"
+
+
+def test_cut_off_node_is_recorded_out_of_service_with_how_far_it_got():
+    hostvars = {"__node_upgrade_marks": {"started": 10.0, "drained": 20.0, "snapshot": 25.0},
+                "__node_upgrade_target": "620.82.01",
+                "__node_upgrade_preflight_facts": {"driver": {"loaded_version": "580.126.20"}}}
+    record = rr.cut_off_record("node04", "waves", "driver-ltsb", "ctl-1-1", False, hostvars, now=99.0)
+    assert record["result"] == "unreachable" and record["flags"] == ["unreachable"]
+    assert record["reason"].startswith("the node stopped answering after its snapshot; its transaction did not "
+                                       "finish: left drained and locked, without a flag; out of service")
+    assert record["drained"] is True
+    assert record["target"] == {"version": "620.82.01"} and record["before"] == {"loaded": "580.126.20"}
+    assert record["marks"]["finished"] == 99.0 and record["marks"]["drained"] == 20.0
+    assert rollout_journal.status_of(record["result"]) == "failed"
+    # Cut off during its drain, answering again: interrupted, not drained by the transaction, implicates nothing.
+    early = rr.cut_off_record("node05", "waves", "driver-ltsb", "ctl-1-1", True,
+                                          {"__node_upgrade_marks": {"started": 1.0}}, now=2.0)
+    assert early["result"] == "interrupted" and early["drained"] is False
+    assert "lost its connection and answers again before its drain finished" in early["reason"]
+    assert "left locked, without a flag" in early["reason"]
+    signature = rollout_budget.failure_signature(early)
+    assert signature == {"signature": "interrupted", "implicates_driver": False}
+    assert rollout_budget.failure_signature(record)["implicates_driver"] is True

@@ -67,3 +67,45 @@ def test_known_variables_cover_the_roles_and_playbooks():
                  "rollout_hosts", "drift_source", "gpu_policy_power_limit_w"):
         assert name in names, name
     assert json.dumps(sorted(names))
+
+
+def test_unfinished_nodes_are_those_still_in_flight(tmp_path):
+    directory = str(tmp_path)
+    for node in ("a", "b", "c"):
+        rollout_journal.append(directory, {"event": "started", "node": node, "run_id": "r1", "time": 1.0})
+    rollout_journal.append(directory, {"event": "finished", "node": "a", "status": "done", "result": "upgraded"})
+    rollout_journal.append(directory, {"event": "held", "node": "c", "time": 2.0})
+    journal = rollout_journal.read(directory)
+    assert rollout_journal.unfinished(journal, ["a", "b", "c", "d"]) == ["b", "c"]
+
+
+def _rollout_dir(parent, rollout_id, nodes, runs, events):
+    directory = os.path.join(str(parent), rollout_id)
+    os.makedirs(directory)
+    with open(os.path.join(directory, "plan.json"), "w") as handle:
+        json.dump({"rollout_id": rollout_id, "nodes": [{"name": n} for n in nodes], "runs": runs}, handle)
+    for event in events:
+        rollout_journal.append(directory, event)
+    return directory
+
+
+def test_concurrent_rollouts_on_the_same_nodes_are_found(tmp_path):
+    now = os.stat(str(tmp_path)).st_mtime + 10
+    live = {"ctl-10-5": True, "ctl-11-5": False}
+    _rollout_dir(tmp_path, "driver-620", ["n1", "n2"], ["ctl-10-5"],
+                 [{"event": "started", "node": "n2", "run_id": "ctl-10-5", "time": 1.0}])
+    _rollout_dir(tmp_path, "killed", ["n1"], ["ctl-11-5"],
+                 [{"event": "started", "node": "n1", "run_id": "ctl-11-5", "time": 1.0}])
+    _rollout_dir(tmp_path, "elsewhere", ["n3"], ["other-1-1"],
+                 [{"event": "started", "node": "n3", "run_id": "other-1-1", "time": 1.0}])
+    _rollout_dir(tmp_path, "remote", ["n1"], ["other-2-2"], [])
+    found = rollout_journal.concurrent_rollouts(str(tmp_path), "driver-ltsb", ["n1", "n2"], now, 3600,
+                                                lambda run: live.get(run))
+    # driver-620: its run on this controller is alive; killed: its run is gone (it resumes by
+    # itself); elsewhere: other nodes; remote: another controller's, written 10 s ago.
+    assert [(f["rollout_id"], f["overlap"], f["run_id"]) for f in found] == [
+        ("driver-620", ["n1", "n2"], "ctl-10-5"), ("remote", ["n1"], "other-2-2")]
+    assert found[0]["in_flight"] == ["n2"]
+    # The same rollout id resumes itself; another controller's rollout is stale after stale_s.
+    assert rollout_journal.concurrent_rollouts(str(tmp_path), "driver-620", ["n1"], now + 7200, 3600,
+                                               lambda run: live.get(run)) == []
