@@ -16,7 +16,7 @@ Refreshing: :func:`branch_catalog.refresh_from_releases` merges a copy of NVIDIA
 ``releases.json`` (branch classes, versions, release dates) into this data; end of life,
 architectures and kernel module flavours are not in ``releases.json`` and stay as here.
 
-Compatible with Python 3.9; standard library only.
+Compatible with Python 3.7; standard library only.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ the kernel module and the userspace must be the same build, and the same branch 
 orders versions; where ordering is needed, use
 ``ansible.module_utils.compat.version.LooseVersion`` on :func:`upstream_version` results.
 
-Compatible with Python 3.9 (managed nodes); standard library only.
+Compatible with Python 3.7 (the managed nodes' floor, see README.md); standard library only.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ or the kernel's shared limiter (``__ratelimit``, ``printk_ratelimit``, ``printk`
 N messages suppressed``. "callbacks suppressed" lines of other subsystems (``net_ratelimit``,
 ``quiet_error``, ...) say nothing about NVIDIA messages and are not counted.
 
-Compatible with Python 3.9; standard library only.
+Compatible with Python 3.7; standard library only.
 """
 
 from __future__ import annotations
