@@ -82,7 +82,7 @@ def test_readme_states_the_floor():
 
 
 def test_role_readmes_name_every_variable_of_the_role():
-    for role in ("driver", "kernel_hold"):
+    for role in ("driver", "kernel_hold", "gpu_policy"):
         with open(os.path.join(REPO, "roles", role, "meta", "argument_specs.yml")) as handle:
             options = yaml.safe_load(handle)["argument_specs"]["main"]["options"]
         with open(os.path.join(REPO, "roles", role, "README.md")) as handle:
