@@ -17,14 +17,31 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 # Debian packages the simulated fleet and the tests need on the control host.
 HOST_PACKAGES := debootstrap debian-archive-keyring systemd-container kmod binutils dpkg-dev \
-	apt-utils gnupg openssh-client python3-venv iproute2 procps mount git
+	apt-utils gnupg openssh-client python3-venv iproute2 procps mount git shellcheck
 
 # Molecule scenarios, each on a simulated fleet of its own.
 MOLECULE_SCENARIOS := $(sort $(notdir $(wildcard molecule/*)))
 
-.PHONY: test demo deps host-packages venv collection lint sanity unit integration molecule clean
+# The parts of `make test`, in the order they run.
+TEST_PARTS := lint sanity unit integration molecule
 
-test: deps lint sanity unit integration molecule
+.PHONY: test timed demo deps host-packages venv collection lint sanity unit integration molecule clean
+
+test: deps
+	@$(MAKE) --no-print-directory timed PARTS="$(TEST_PARTS)"
+
+# Run the targets in PARTS one after the other and print how long each took (wall-clock seconds);
+# stop at the first that fails.
+timed:
+	@summary=""; begin=$$(date +%s); \
+	for part in $(PARTS); do \
+	  start=$$(date +%s); \
+	  if $(MAKE) --no-print-directory $$part; then status=ok; else status=FAILED; fi; \
+	  line=$$(printf '%-12s %-6s %6d s' "$$part" "$$status" $$(( $$(date +%s) - start ))); \
+	  echo "== $$line"; summary="$$summary$$line\n"; \
+	  if [ "$$status" = FAILED ]; then printf '== durations\n%b' "$$summary"; exit 1; fi; \
+	done; \
+	printf '== durations\n%b%-19s %6d s\n' "$$summary" "total" $$(( $$(date +%s) - begin ))
 
 deps: host-packages venv collection
 

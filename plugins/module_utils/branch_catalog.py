@@ -21,7 +21,7 @@ are not in the branch or not in the repository.
 Everything here is pure: dictionaries in, dictionaries out; dates are passed in
 (``today``); nothing reads a file, the clock or the network.
 
-Compatible with Python 3.9; standard library only.
+Compatible with Python 3.7; standard library only.
 """
 
 from __future__ import annotations

@@ -16,10 +16,12 @@ Refreshing: :func:`branch_catalog.refresh_from_releases` merges a copy of NVIDIA
 ``releases.json`` (branch classes, versions, release dates) into this data; end of life,
 architectures and kernel module flavours are not in ``releases.json`` and stay as here.
 
-Compatible with Python 3.9; standard library only.
+Compatible with Python 3.7; standard library only.
 """
 
 from __future__ import annotations
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import nvml_names
 
 # The date this data was last checked against its sources.
 AS_OF = "2026-11-29"
@@ -60,21 +62,8 @@ SOURCES = {
     "(CUDA 13.x >= 580, CUDA 12.x >= 525, CUDA 11.x >= 450)",
 }
 
-# GPU architectures, oldest first, by NVML's nvmlDeviceArchitecture_t value (nvml.h:
-# NVML_DEVICE_ARCH_KEPLER = 2 ... NVML_DEVICE_ARCH_BLACKWELL = 10, NVML_DEVICE_ARCH_RUBIN = 13)
-# and the name nvidia-smi prints in <product_architecture>.
-ARCHITECTURES = (
-    {"name": "kepler", "nvml": 2, "display": "Kepler"},
-    {"name": "maxwell", "nvml": 3, "display": "Maxwell"},
-    {"name": "pascal", "nvml": 4, "display": "Pascal"},
-    {"name": "volta", "nvml": 5, "display": "Volta"},
-    {"name": "turing", "nvml": 6, "display": "Turing"},
-    {"name": "ampere", "nvml": 7, "display": "Ampere"},
-    {"name": "ada", "nvml": 8, "display": "Ada Lovelace"},
-    {"name": "hopper", "nvml": 9, "display": "Hopper"},
-    {"name": "blackwell", "nvml": 10, "display": "Blackwell"},
-    {"name": "rubin", "nvml": 13, "display": "Rubin"},
-)
+# GPU architectures, oldest first: nvml_names.ARCHITECTURES ({name, nvml, display}).
+ARCHITECTURES = nvml_names.ARCHITECTURES
 
 # Open kernel modules: Turing and later only; proprietary modules: not on Blackwell and later
 # (source "open-modules-blog"). From R620 the proprietary flavour no longer exists

@@ -24,7 +24,7 @@ the kernel module and the userspace must be the same build, and the same branch 
 orders versions; where ordering is needed, use
 ``ansible.module_utils.compat.version.LooseVersion`` on :func:`upstream_version` results.
 
-Compatible with Python 3.9 (managed nodes); standard library only.
+Compatible with Python 3.7 (the managed nodes' floor, see README.md); standard library only.
 """
 
 from __future__ import annotations
@@ -32,14 +32,16 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import nvml_names
+
 # NVML error names as pynvml spells them without the ``NVMLError_`` prefix
-# (``pynvml.NVMLError_LibRmVersionMismatch`` ...). Source: nvml.h ``nvmlReturn_t``.
-NVML_LIB_RM_VERSION_MISMATCH = "LibRmVersionMismatch"
-NVML_DRIVER_NOT_LOADED = "DriverNotLoaded"
-NVML_LIBRARY_NOT_FOUND = "LibraryNotFound"
-NVML_NO_PERMISSION = "NoPermission"
-NVML_GPU_IS_LOST = "GpuIsLost"
-NVML_UNKNOWN = "Unknown"
+# (``pynvml.NVMLError_LibRmVersionMismatch`` ...), from nvml_names.RETURN_CODES.
+NVML_LIB_RM_VERSION_MISMATCH = nvml_names.RETURN_CODES[nvml_names.ERROR_LIB_RM_VERSION_MISMATCH]
+NVML_DRIVER_NOT_LOADED = nvml_names.RETURN_CODES[nvml_names.ERROR_DRIVER_NOT_LOADED]
+NVML_LIBRARY_NOT_FOUND = nvml_names.RETURN_CODES[nvml_names.ERROR_LIBRARY_NOT_FOUND]
+NVML_NO_PERMISSION = nvml_names.RETURN_CODES[nvml_names.ERROR_NO_PERMISSION]
+NVML_GPU_IS_LOST = nvml_names.RETURN_CODES[nvml_names.ERROR_GPU_IS_LOST]
+NVML_UNKNOWN = nvml_names.RETURN_CODES[nvml_names.ERROR_UNKNOWN]
 
 _VERSION_TOKEN = re.compile(r"^\d+\.\d+(?:\.\d+)*$")
 _VERSION_IN_TEXT = r"\d+\.\d+(?:\.\d+)*"
@@ -687,55 +689,6 @@ def parse_nvidia_smi_error(text: Optional[str]) -> Dict[str, Optional[str]]:
             result["message"] = line
             break
     return result
-
-
-# Everything up to and including "NVRM:" on a kernel log line: dmesg timestamps
-# ("[    9.424670] ", "[Sat Apr 13 23:38:47 2024] "), syslog/journal prefixes
-# ("Apr 23 18:55:23 host kernel: "), or only the indentation of a continuation line.
-_LOG_PREFIX = re.compile(r"^.*?NVRM:\s*")
-
-
-def parse_nvrm_api_mismatch(text: Optional[str]) -> List[Dict[str, Any]]:
-    """Find ``NVRM: API mismatch`` messages in a kernel log.
-
-    The kernel module logs this when a userspace client of another version opens it, over four
-    lines with ``NVRM:`` continuation prefixes (the continuation lines may lack a timestamp)::
-
-        NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)
-        NVRM: has the version 595.84, but this kernel module has
-        NVRM: the version 595.80.  Please make sure that this ...
-
-    or, in older drivers, ``the client has the version X, but`` / ``this kernel module has the
-    version Y.`` without the client's name.
-
-    :param text: ``dmesg`` / ``journalctl -k`` / kern.log text, or ``None``.
-    :returns: one ``{"client": str|None, "pid": int|None, "client_version": str,
-        "kernel_version": str}`` per message, in log order. ``client_version`` is the userspace
-        version, ``kernel_version`` the loaded module's.
-    :raises: nothing.
-    """
-    found = []  # type: List[Dict[str, Any]]
-    if not text:
-        return found
-    joined = " ".join(_LOG_PREFIX.sub("", raw.strip()) for raw in text.splitlines())
-    joined = re.sub(r"\s+", " ", joined)
-    pattern = re.compile(
-        r"API mismatch: the client(?: '([^']*)' \(pid (\d+)\))? has the version ("
-        + _VERSION_IN_TEXT
-        + r")(?:-\d+)?, but this kernel module has the version ("
-        + _VERSION_IN_TEXT
-        + r")"
-    )
-    for match in pattern.finditer(joined):
-        found.append(
-            {
-                "client": match.group(1),
-                "pid": int(match.group(2)) if match.group(2) else None,
-                "client_version": match.group(3),
-                "kernel_version": match.group(4),
-            }
-        )
-    return found
 
 
 def parse_fabricmanager_log(text: Optional[str]) -> Dict[str, Any]:

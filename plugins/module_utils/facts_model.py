@@ -10,7 +10,7 @@ has to know where a value came from. Units live in the key names (``_w``,
 never 0. The schema is documented field by field in docs/facts.md.
 
 Only plain ``dict``/``list``/``str``/``int``/``float``/``bool``/``None`` values
-are used, so the facts serialise to JSON unchanged. Compatible with Python 3.9.
+are used, so the facts serialise to JSON unchanged. Compatible with Python 3.7.
 """
 
 from __future__ import annotations

@@ -31,16 +31,17 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import
     normalize_pci_bus_id,
     parse_enabled,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import nvml_names
 
 SETTINGS = ("power_limit_w", "persistence_mode", "ecc_mode", "compute_mode")
 
-# Policy compute-mode names → (nvmlComputeMode_t value, the name NVML tools print).
-# Exclusive_Thread (1) is no longer supported by NVML and is refused.
-COMPUTE_MODES = {
-    "default": (0, "Default"),
-    "prohibited": (2, "Prohibited"),
-    "exclusive_process": (3, "Exclusive_Process"),
-}
+# Policy compute-mode names → (nvmlComputeMode_t value, the name NVML tools print), derived from
+# nvml_names.COMPUTE_MODES: the lower-cased name. Exclusive_Thread (1) is no longer supported by
+# NVML and is refused.
+COMPUTE_MODES = dict(
+    (name.lower(), (value, name)) for value, name in nvml_names.COMPUTE_MODES.items()
+    if value != nvml_names.COMPUTEMODE_EXCLUSIVE_THREAD
+)
 
 # When a change takes effect.
 EFFECTS = {

@@ -53,7 +53,7 @@ or the kernel's shared limiter (``__ratelimit``, ``printk_ratelimit``, ``printk`
 N messages suppressed``. "callbacks suppressed" lines of other subsystems (``net_ratelimit``,
 ``quiet_error``, ...) say nothing about NVIDIA messages and are not counted.
 
-Compatible with Python 3.9; standard library only.
+Compatible with Python 3.7; standard library only.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ _NV_FUNC = re.compile(r"^(?:nv|os_|_nv|NVRM|__ratelimit$|printk_ratelimit$|print
 _PRINTK_SUPPRESSED = re.compile(r"\bprintk: \d+ messages suppressed")
 _API_MISMATCH = re.compile(
     r"API mismatch: the client(?: '(?P<client>[^']*)' \(pid (?P<pid>\d+)\))?\s+has the version "
-    r"(?P<client_version>\d[\d.]*\d),?\s+but\s+this kernel module has the version "
+    r"(?P<client_version>\d[\d.]*\d)(?:-\d+)?,?\s+but\s+this kernel module has the version "
     r"(?P<kernel_version>\d[\d.]*\d)")
 
 EventDict = Dict[str, Any]
@@ -522,13 +522,19 @@ def _fallen_off_bus(record: _Record, previous: Optional[_Record]) -> Optional[Tu
 
 
 def _api_mismatch(record: _Record, records: List[_Record], start: int) -> Optional[Dict[str, Any]]:
-    """The API mismatch told by ``record``, read on into at most 4 records from ``records[start]``."""
+    """The API mismatch told by ``record``, read on into at most 4 records from ``records[start]``.
+
+    A following record continues the message when it has no timestamp, or (syslog, where every
+    line is stamped) when it is an ``NVRM:`` line with the first line's seconds-since-boot stamp.
+    """
     if "API mismatch" not in record.text:
         return None
     text = record.text
     match = _API_MISMATCH.search(text)
     for extra in records[start:start + 4]:
-        if match is not None or extra.stamped or extra.marker:
+        same_message = not extra.stamped or (
+            record.mono is not None and extra.mono == record.mono and extra.text.startswith("NVRM:"))
+        if match is not None or extra.marker or not same_message:
             break
         text = "%s %s" % (text, re.sub(r"^NVRM:\s*", "", extra.text))
         match = _API_MISMATCH.search(text)

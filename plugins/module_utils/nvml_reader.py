@@ -29,62 +29,11 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import
     normalize_pci_bus_id,
     watts_from_milliwatts,
 )
-
-# NVML return codes by name, as defined in nvml.h (nvmlReturn_t). Used when the pynvml
-# module at hand lacks one of the constants (very old nvidia-ml-py releases).
-_ERROR_NAMES = {
-    1: "Uninitialized",
-    2: "InvalidArgument",
-    3: "NotSupported",
-    4: "NoPermission",
-    6: "NotFound",
-    7: "InsufficientSize",
-    8: "InsufficientPower",
-    9: "DriverNotLoaded",
-    12: "LibraryNotFound",
-    13: "FunctionNotFound",
-    14: "CorruptedInforom",
-    15: "GpuIsLost",
-    16: "ResetRequired",
-    17: "OperatingSystem",
-    18: "LibRmVersionMismatch",
-    19: "InUse",
-    20: "Memory",
-    21: "NoData",
-    23: "InsufficientResources",
-    25: "ArgumentVersionMismatch",
-    26: "Deprecated",
-    27: "NotReady",
-    28: "GpuNotFound",
-    29: "InvalidState",
-    999: "Unknown",
-}
-
-# Errors that mean "this GPU cannot give this field": the field becomes null.
-FIELD_ERRORS = ("NotSupported", "NoPermission", "FunctionNotFound", "NotFound", "Deprecated", "Unknown",
-                "InvalidArgument", "CorruptedInforom", "ResetRequired", "OperatingSystem", "InUse")
-
-# nvmlDeviceArchitecture_t → the name nvidia-smi prints in <product_architecture>.
-ARCHITECTURES = {
-    2: "Kepler",
-    3: "Maxwell",
-    4: "Pascal",
-    5: "Volta",
-    6: "Turing",
-    7: "Ampere",
-    8: "Ada Lovelace",
-    9: "Hopper",
-    10: "Blackwell",
-    13: "Rubin",
-}
-
-# nvmlComputeMode_t → the name nvidia-smi prints in <compute_mode>.
-COMPUTE_MODES = {
-    0: "Default",
-    1: "Exclusive_Thread",
-    2: "Prohibited",
-    3: "Exclusive_Process",
-}
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_names import (
+    architecture_display_name,
+    compute_mode_name,
+    return_code_name,
+)
 
 _MIG_PROFILE = re.compile(r"\bMIG\s+(\d+g\.\d+gb(?:\+\w+)?)\s*$")
 
@@ -99,14 +48,14 @@ def error_name(nvml: Any, err: BaseException) -> str:
     :param nvml: the pynvml module whose ``NVMLError`` raised ``err``.
     :param err: the exception; ``AttributeError`` (a function missing from this pynvml)
         counts as ``FunctionNotFound``.
-    :returns: the name, or ``"Error<code>"`` for a code this table does not know, or the
-        exception's class name when it is no NVML error.
+    :returns: the name (:func:`nvml_names.return_code_name`: ``"Error<code>"`` for a code
+        nvml.h did not hold), or the exception's class name when it is no NVML error.
     """
     if isinstance(err, AttributeError):
         return "FunctionNotFound"
     value = getattr(err, "value", None)
     if isinstance(value, int):
-        return _ERROR_NAMES.get(value, "Error%d" % value)
+        return return_code_name(value)
     return type(err).__name__
 
 
@@ -254,14 +203,14 @@ def _read_identity(nvml: Any, reader: _FieldReader, handle: Any, gpu: Dict[str, 
         device_id = getattr(pci, "pciDeviceId", None)
         gpu["pci_device_id"] = None if device_id is None else "0x%08x" % device_id
     arch = reader.get("architecture", "nvmlDeviceGetArchitecture", handle)
-    gpu["architecture"] = None if arch is None else ARCHITECTURES.get(arch, "Unknown(%s)" % arch)
+    gpu["architecture"] = architecture_display_name(arch)
     gpu["vbios_version"] = _text(reader.get("vbios_version", "nvmlDeviceGetVbiosVersion", handle))
 
 
 def _read_modes_and_power(nvml: Any, reader: _FieldReader, handle: Any, gpu: Dict[str, Any]) -> None:
     gpu["persistence_mode"] = _bool(reader.get("persistence_mode", "nvmlDeviceGetPersistenceMode", handle))
     mode = reader.get("compute_mode", "nvmlDeviceGetComputeMode", handle)
-    gpu["compute_mode"] = None if mode is None else COMPUTE_MODES.get(mode, "Unknown(%s)" % mode)
+    gpu["compute_mode"] = compute_mode_name(mode)
     power = gpu["power"]
     # The limit in effect is the enforced one (the lowest of all limiters); what was set through
     # nvmlDeviceSetPowerManagementLimit is read back by nvmlDeviceGetPowerManagementLimit, which

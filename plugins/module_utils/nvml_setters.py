@@ -39,11 +39,13 @@ from typing import Any, Dict, List, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import normalize_pci_bus_id
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_policy_plan import (
+    COMPUTE_MODES,
     diff_value,
     observed,
     policy_report,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_plan import current_layout, format_layout
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_names import return_code_name
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import error_name, read_gpu
 
 # NVML error name (as nvml_reader.error_name gives it) → outcome.
@@ -454,9 +456,6 @@ def planned_results(gpu_plan: Dict[str, Any], check_mode: bool) -> List[Dict[str
 # NVML I/O: the functions below call NVML (they take the pynvml module as their first argument).
 # ---------------------------------------------------------------------------------------------
 
-# nvmlComputeMode_t values (nvml.h); the policy's names are gpu_policy_plan.COMPUTE_MODES.
-_COMPUTE_MODE_VALUES = {"default": 0, "prohibited": 2, "exclusive_process": 3}
-
 # GPU-instance slice count → NVML_COMPUTE_INSTANCE_PROFILE_* (nvml.h): a MIG device as mig-parted
 # makes it is one compute instance spanning its whole GPU instance.
 _CI_PROFILE_BY_SLICES = {1: 0x0, 2: 0x1, 3: 0x2, 4: 0x3, 7: 0x4, 8: 0x5, 6: 0x6}
@@ -499,7 +498,7 @@ def apply_change(nvml: Any, handle: Any, change: Dict[str, Any]) -> Optional[str
     if setting == "ecc_mode":
         return call_setter(nvml, "nvmlDeviceSetEccMode", handle, enabled if value else disabled)
     if setting == "compute_mode":
-        return call_setter(nvml, "nvmlDeviceSetComputeMode", handle, _COMPUTE_MODE_VALUES[value])
+        return call_setter(nvml, "nvmlDeviceSetComputeMode", handle, COMPUTE_MODES[value][0])
     raise ValueError("unknown setting %r" % (setting,))
 
 
@@ -637,13 +636,8 @@ def set_mig_mode(nvml: Any, handle: Any, enabled: bool) -> Dict[str, Optional[st
         return {"error": name, "activation": None}
     activation = None
     if isinstance(status, int) and status:
-        activation = _ERROR_NAMES_BY_CODE.get(status, "Error%d" % status)
+        activation = return_code_name(status)
     return {"error": None, "activation": activation}
-
-
-# nvmlReturn_t codes that nvmlDeviceSetMigMode reports as activationStatus (nvml.h).
-_ERROR_NAMES_BY_CODE = {3: "NotSupported", 4: "NoPermission", 16: "ResetRequired", 19: "InUse",
-                        23: "InsufficientResources"}
 
 
 def _probe(nvml: Any, func_name: str, parent: Any, ident: int) -> Any:

@@ -27,7 +27,7 @@ module a build left on disk (field cases 23, 24).
 
 Everything here is pure: no file, process or network access.
 
-Compatible with Python 3.9; standard library only.
+Compatible with Python 3.7; standard library only.
 """
 
 from __future__ import annotations

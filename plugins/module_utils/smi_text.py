@@ -14,7 +14,7 @@ mechanical lower_snake_case rule for the labels that need no table entry). The t
 the one the XML parser reads, and :func:`smi_xml.facts_from_smi_tree` turns it into facts, so
 both formats give the same facts by the same code.
 
-Pure: no file or process I/O; standard library only. Compatible with Python 3.9.
+Pure: no file or process I/O; standard library only. Compatible with Python 3.7.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ The walk from the element tree to facts (:func:`gpus_from_smi_tree`) is shared w
 
 Pure: no file or process I/O. Standard library only (``xml.etree.ElementTree``); the DOCTYPE is
 removed before parsing and entity declarations are refused, so nothing external is ever loaded.
-Compatible with Python 3.9.
+Compatible with Python 3.7.
 """
 
 from __future__ import annotations

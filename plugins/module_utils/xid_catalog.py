@@ -36,7 +36,7 @@ for Ampere and newer GPUs (https://docs.nvidia.com/deploy/xid-errors/analyzing-x
 mnemonics and resolution buckets); the older-GPU Xid table of the same guide (names of codes
 NVIDIA now lists as unused); the Xid actions of leptonai/gpud
 (https://github.com/leptonai/gpud, components/accelerator/nvidia/xid); and the field cases
-under tests/fixtures/cases (06, 08, 09). Pure data and functions, no I/O; Python 3.9+.
+under tests/fixtures/cases (06, 08, 09). Pure data and functions, no I/O; Python 3.7+.
 """
 
 from __future__ import annotations

@@ -123,6 +123,7 @@ author:
   - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpufleet.nvidia.action_group
 attributes:
   check_mode:
     support: full

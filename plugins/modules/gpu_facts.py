@@ -88,6 +88,7 @@ author:
   - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpufleet.nvidia.action_group
   - ansible.builtin.action_common_attributes.facts
 attributes:
   check_mode:

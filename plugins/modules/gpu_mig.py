@@ -65,6 +65,7 @@ options:
     default: nvidia-smi
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpufleet.nvidia.action_group
   - gpufleet.nvidia.gpu_setters
 attributes:
   check_mode:

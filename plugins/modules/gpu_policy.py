@@ -59,6 +59,7 @@ options:
     choices: [default, exclusive_process, prohibited]
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - gpufleet.nvidia.action_group
   - gpufleet.nvidia.gpu_setters
 attributes:
   check_mode:

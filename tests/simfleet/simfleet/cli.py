@@ -4,12 +4,12 @@
 
     up [N] [--layout L] [--ports A-B] [--mirror URL]   bring N nodes up (adds to a running fleet)
     down [--purge]                                      stop nodes and the repository, unmount
-    status [--json]                                     nodes, processes, boot ids, repository
+    status [--json]                                     nodes, driver, drain mark, flag, boot ids, repository
     inventory [--format yaml|ini|json] [--path]         the Ansible inventory
     fault NODE|all KIND [KEY=VALUE ...]                 inject a fault (``clear`` removes them)
     reset [NODE ...]                                    nodes back to fresh
     reboot NODE [--no-wait]                             reboot a node, wait for the new boot
-    ssh NODE [COMMAND ...]                              SSH into a node as root
+    ssh NODE [COMMAND ...]                              SSH into a node as root (COMMAND as ssh takes it)
     base [--mirror URL]                                 build the cached base only
     gc                                                  remove cached bases no fleet uses
     list                                                fleets in the cache
@@ -88,16 +88,48 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _flag_text(flag: dict | None, width: int = 48) -> str:
+    """The FLAG column: ``-`` when the node carries no rollout flag, else its stage and reason, cut to ``width``."""
+    if not flag or not flag.get("flagged"):
+        return "-"
+    text = " ".join(str(part) for part in (flag.get("stage"), flag.get("reason")) if part) or "flagged"
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
 def _status_text(st: dict) -> str:
+    """``simfleet status`` as text: the fleet, its repository, one line per node.
+
+    Per node: name, GPU class, SSH port, state (``*`` when a reboot hang is armed), nspawn pid,
+    installed driver version, drain mark (``drained`` or ``-``), rollout flag (stage and reason,
+    see :func:`_flag_text`) and boot id.
+    """
+    row = "%-8s %-6s %-6s %-10s %-8s %-12s %-8s %-48s %s"
     lines = ["fleet %s  (%s)" % (st["name"], st["dir"]),
              "inventory %s" % st["inventory"],
              "apt repository: %s on 127.0.0.1:%s%s" % (st["repo"]["state"], st["repo"]["port"],
                                                        "  blocked: " + ",".join(st["repo"]["blocked"]) if st["repo"]["blocked"] else ""),
-             "%-8s %-6s %-6s %-10s %-8s %s" % ("NODE", "CLASS", "PORT", "STATE", "NSPAWN", "BOOT ID")]
+             row % ("NODE", "CLASS", "PORT", "STATE", "NSPAWN", "DRIVER", "DRAIN", "FLAG", "BOOT ID")]
     for n in st["nodes"]:
         state = n["state"] + ("*" if n["reboot_hang"] else "")
-        lines.append("%-8s %-6s %-6s %-10s %-8s %s" % (n["name"], n["class"], n["port"], state, n["nspawn_pid"] or "-", n["boot_id"] or "-"))
-    return "\n".join(lines)
+        lines.append(row % (n["name"], n["class"], n["port"], state, n["nspawn_pid"] or "-", n.get("driver_version") or "-",
+                            "drained" if n.get("drained") else "-", _flag_text(n.get("flag")), n["boot_id"] or "-"))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def ssh_command(node_argv: list[str], words: list[str]) -> list[str]:
+    """The ``ssh`` command line of ``simfleet ssh NODE [COMMAND ...]``, as ``ssh`` itself treats COMMAND.
+
+    :param node_argv: the ssh command line that reaches the node (``Node.ssh_argv`` with no command).
+    :param words: the words after NODE. Like ssh, they are joined with spaces and the node's shell
+        reads the result, so ``simfleet ssh node01 'cmd1; cmd2'`` runs both commands there and
+        ``simfleet ssh node01 ls -l /tmp`` runs ``ls -l /tmp``. A leading ``--`` is dropped.
+    :returns: the command line to exec; with no command, one that asks for a terminal (``-t``).
+    """
+    if words and words[0] == "--":
+        words = words[1:]
+    if not words:
+        return node_argv[:1] + ["-t"] + node_argv[1:]
+    return node_argv + [" ".join(words)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             print(boot or "")
         elif cmd == "ssh":
             n = fleet.node(args.node)
-            argv_ssh = n.ssh_argv(fleet.ssh_key, args.cmd)
-            if not args.cmd:
-                argv_ssh.insert(1, "-t")
+            argv_ssh = ssh_command(n.ssh_argv(fleet.ssh_key), args.cmd)
             os.execvp(argv_ssh[0], argv_ssh)
         elif cmd == "base":
             base.check_host()

@@ -14,6 +14,7 @@ command line naming this node's directory.
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import signal
@@ -62,6 +63,46 @@ MaxStartups 64:30:256
 MaxSessions 64
 """
 SUPERVISOR_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+
+# What a rollout leaves on a node, relative to its root: the drain mark (the drain command of
+# inventories/simfleet/group_vars/all.yml touches it) and the rollout flag (a local facts file
+# the node_upgrade role writes when it leaves a node drained and flagged).
+DRAIN_MARK = "var/lib/gpufleet/drained"
+ROLLOUT_FLAG = "etc/ansible/facts.d/gpufleet_rollout.fact"
+
+
+def rollout_marks(root: str) -> dict:
+    """The driver version, drain mark and rollout flag found in a node root (read from the host).
+
+    :param root: the node's root filesystem as the host sees it.
+    :returns: ``{"driver_version": str | None (the installed userspace driver: the library
+        ``libnvidia-ml.so.1`` names, see simgpu.driver.userspace_version), "drained": bool,
+        "flag": None | {"flagged": bool, "stage": str | None, "reason": str | None}}``; a flag file
+        that is not a JSON object gives ``{"flagged": True, "stage": None, "reason": "unreadable
+        flag file: ..."}``.
+    :raises: nothing; a missing root gives no version, not drained, no flag.
+    """
+    import json  # pylint: disable=import-outside-toplevel
+
+    from simfleet.gpu import simgpu  # pylint: disable=import-outside-toplevel
+
+    driver = importlib.import_module(simgpu().__name__ + ".driver")
+    flag = None
+    flag_path = os.path.join(root, ROLLOUT_FLAG)
+    if os.path.isfile(flag_path):
+        try:
+            with open(flag_path, encoding="utf-8") as handle:
+                data = json.load(handle)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            flag = {"flagged": bool(data.get("flagged")), "stage": data.get("stage"), "reason": data.get("reason")}
+        except (OSError, ValueError) as exc:
+            flag = {"flagged": True, "stage": None, "reason": "unreadable flag file: %s" % exc}
+    return {
+        "driver_version": driver.userspace_version(root) if os.path.isdir(root) else None,
+        "drained": os.path.lexists(os.path.join(root, DRAIN_MARK)),
+        "flag": flag,
+    }
 
 
 @dataclass
@@ -400,6 +441,7 @@ class Node:
             "init_pid": self.leader_pid(),
             "boot_id": self.boot_id(),
             "reboot_hang": os.path.exists(self._p("reboot_hang")),
+            **rollout_marks(self.root),
         }
 
     # ----- ssh

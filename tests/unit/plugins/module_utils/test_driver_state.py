@@ -8,6 +8,7 @@ import os
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import parse_nvrm_api_mismatch
 
 CASES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "cases")
 
@@ -377,15 +378,20 @@ def test_nvml_error_from_text(text, expected):
 # --- field case 23: on-disk module older than the userspace -> broken ---------------------
 
 
+def _mismatch_versions(mismatch):
+    """The client and the two versions of one ``kernel_log.parse_nvrm_api_mismatch`` entry."""
+    return dict((key, mismatch[key]) for key in ("client", "pid", "client_version", "kernel_module_version"))
+
+
 def test_case_23_nvidia_all_modinfo_older_than_userspace_is_broken():
     folder = "23-dkms-module-older-than-userspace-api-mismatch"
-    mismatches = ds.parse_nvrm_api_mismatch(read_case(folder, "input-nvidia-all-394-dmesg.log"))
-    assert mismatches == [
-        {"client": "kwin_wayland", "pid": 1005, "client_version": "595.84", "kernel_version": "595.80"}
+    mismatches = parse_nvrm_api_mismatch(read_case(folder, "input-nvidia-all-394-dmesg.log"))
+    assert [_mismatch_versions(m) for m in mismatches] == [
+        {"client": "kwin_wayland", "pid": 1005, "client_version": "595.84", "kernel_module_version": "595.80"}
     ]
     modinfo = ds.parse_modinfo(read_case(folder, "input-nvidia-all-394-modinfo.txt"))
     userspace = mismatches[0]["client_version"]
-    loaded = mismatches[0]["kernel_version"]
+    loaded = mismatches[0]["kernel_module_version"]
 
     state, reasons = ds.driver_state(
         userspace,
@@ -423,8 +429,8 @@ def test_api_mismatch_old_wording_with_syslog_prefix():
         "Apr 23 18:55:23 host kernel: [    7.039052] NVRM: API mismatch: the client has the version 352.79, but\n"
         "Apr 23 18:55:23 host kernel: [    7.039052] NVRM: this kernel module has the version 361.42.  Please\n"
     )
-    assert ds.parse_nvrm_api_mismatch(text) == [
-        {"client": None, "pid": None, "client_version": "352.79", "kernel_version": "361.42"}
+    assert [_mismatch_versions(m) for m in parse_nvrm_api_mismatch(text)] == [
+        {"client": None, "pid": None, "client_version": "352.79", "kernel_module_version": "361.42"}
     ]
 
 

@@ -635,3 +635,11 @@ def test_keep_newest_keeps_whole_newest_lines():
     assert keep_newest(None, 5) == (None, 0)
     with pytest.raises(ValueError):
         keep_newest(text, 0)
+
+
+def test_api_mismatch_does_not_read_on_into_a_later_message():
+    text = (
+        "[    7.039052] NVRM: API mismatch: the client has the version 352.79, but\n"
+        "[    9.000001] NVRM: this kernel module has the version 361.42.  Please\n"
+    )
+    assert parse_nvrm_api_mismatch(text) == []

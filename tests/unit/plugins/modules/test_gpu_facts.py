@@ -256,3 +256,18 @@ def test_live_kernel_log_over_the_limit_keeps_the_newest_part(capsys, tmp_path, 
     [warning] = [w for w in facts["warnings"] if w.startswith("kernel log: dmesg printed")]
     assert "over the 4096 reading limit: only the newest" in warning
     assert warning in warned
+
+
+def test_the_triage_bundle_in_the_readme_is_the_case_and_gives_its_verdict(capsys):
+    # README.md: `ansible localhost -m gpufleet.nvidia.gpu_facts -a capture_dir=.../tests/fixtures/bundles/...`
+    name = "dkms-module-older-than-userspace"
+    path = os.path.join(os.path.dirname(captures.CASES), "bundles", name)
+    files = {}
+    for entry in sorted(os.listdir(path)):
+        with open(os.path.join(path, entry), "rb") as handle:
+            files[entry] = handle.read()
+    assert files == captures.read(name)
+    code, result = run_module({"capture_dir": path}, capsys)
+    assert code == 0
+    driver = result["ansible_facts"]["nvidia"]["driver"]
+    assert (driver["userspace_version"], driver["on_disk_version"], driver["state"]) == ("595.84", "595.80", "broken")
