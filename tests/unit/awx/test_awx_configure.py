@@ -212,9 +212,10 @@ def test_job_templates(calls):
         assert args["execution_environment"] == "gpufleet-ee" and args["credentials"] == ["gpu nodes ssh"]
     facts, drift = jts["gpufleet facts"], jts["gpufleet drift report"]
     assert (facts["use_fact_cache"], facts["job_slice_count"], facts["forks"]) == (True, 4, 250)
-    assert (drift["use_fact_cache"], drift["job_slice_count"]) == (True, 1)
-    assert drift["extra_vars"]["drift_source"] == "jsonfile"
-    assert drift["extra_vars"]["drift_path"] == "{{ lookup('ansible.builtin.env', 'ANSIBLE_CACHE_PLUGIN_CONNECTION') }}"
+    assert facts["extra_vars"] == {"gpufleet_hosts": "gpu_nodes", "gpufleet_facts_dir": "/var/lib/gpufleet/reports/facts"}
+    assert (drift["use_fact_cache"], drift["job_slice_count"]) == (False, 1)
+    assert drift["extra_vars"] == {"drift_hosts": "gpu_nodes", "drift_output_dir": "/var/lib/gpufleet/reports/drift",
+                                   "drift_source": "dir", "drift_path": "/var/lib/gpufleet/reports/facts"}
     step = jts["gpufleet rollout step"]
     assert step["extra_vars"] == {"rollout_hosts": "gpu_nodes", "rollout_single_step": True,
                                   "rollout_report_dir": "/var/lib/gpufleet/reports/rollout/{{ rollout_id }}"}
@@ -222,6 +223,17 @@ def test_job_templates(calls):
         assert (jts[name]["allow_simultaneous"], jts[name]["job_slice_count"]) == (False, 1), name
     assert [q["variable"] for q in step["survey_spec"]["spec"]] == ["driver_branch", "driver_version", "rollout_id"]
     assert step["survey_enabled"] and not facts["survey_enabled"]
+
+
+def test_drift_report_from_the_fact_cache(play, templar):
+    """With gpufleet_awx_drift_from_fact_cache the drift job reads the job's fact cache directory."""
+    variables = dict(templar.available_variables, gpufleet_awx_drift_from_fact_cache=True)
+    jts = templar.copy_with_new_env(available_variables=variables).template(variables["gpufleet_awx_job_templates"])
+    (drift,) = [jt for jt in jts if jt["name"] == "gpufleet drift report"]
+    assert drift["use_fact_cache"] is True
+    assert drift["extra_vars"] == {
+        "drift_hosts": "gpu_nodes", "drift_output_dir": "/var/lib/gpufleet/reports/drift", "drift_source": "jsonfile",
+        "drift_path": "{{ lookup('ansible.builtin.env', 'ANSIBLE_CACHE_PLUGIN_CONNECTION') }}"}
 
 
 def test_surveys_follow_awx_survey_rules(calls):
