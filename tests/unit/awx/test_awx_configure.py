@@ -29,7 +29,7 @@ import sys
 import pytest
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar
+from ansible.template import Templar, trust_as_template
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
 PLAYBOOK = os.path.join(REPO, "awx", "configure.yml")
@@ -234,6 +234,19 @@ def test_drift_report_from_the_fact_cache(play, templar):
     assert drift["extra_vars"] == {
         "drift_hosts": "gpu_nodes", "drift_output_dir": "/var/lib/gpufleet/reports/drift", "drift_source": "jsonfile",
         "drift_path": "{{ lookup('ansible.builtin.env', 'ANSIBLE_CACHE_PLUGIN_CONNECTION') }}"}
+
+
+@pytest.mark.parametrize("job_vars,rollback_id,report_dir", [
+    ({"rollout_id": "driver-ltsb"}, "driver-ltsb-rollback", "/var/lib/gpufleet/reports/rollback/driver-ltsb"),
+    ({}, "rollback", "/var/lib/gpufleet/reports/rollback/manual"),
+])
+def test_rollback_ids_as_the_job_templates_them(calls, job_vars, rollback_id, report_dir):
+    """The rollback job's id and report directory, templated in the job as ansible-playbook would."""
+    (rollback,) = [args for args in _by_module(calls, "job_template") if args["name"] == "gpufleet rollback"]
+    job = Templar(loader=DataLoader(), variables=job_vars)
+    extra_vars = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in rollback["extra_vars"].items()}
+    assert job.template(extra_vars["rollback_id"]) == rollback_id
+    assert job.template(extra_vars["rollback_report_dir"]) == report_dir
 
 
 def test_surveys_follow_awx_survey_rules(calls):
