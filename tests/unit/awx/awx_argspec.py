@@ -56,14 +56,15 @@ def argument_spec(module):
     imported = importlib.import_module("ansible_collections.awx.awx.plugins.modules.%s" % module)
     original = basic.AnsibleModule.__init__
     basic.AnsibleModule.__init__ = _intercept
+    kwargs = None
     try:
         imported.main()
     except Captured as captured:
         kwargs = captured.kwargs
-    else:
-        raise RuntimeError("awx.awx.%s did not build an AnsibleModule" % module)
     finally:
         basic.AnsibleModule.__init__ = original
+    if kwargs is None:
+        raise RuntimeError("awx.awx.%s did not build an AnsibleModule" % module)
     result = {"argument_spec": _jsonable(kwargs["argument_spec"])}
     for key in CONSTRAINTS:
         result[key] = _jsonable(kwargs.get(key) or [])

@@ -104,7 +104,7 @@ def calls(play, templar):
 
 @pytest.fixture(scope="module")
 def specs(calls):
-    modules = sorted({module for module, _, _ in calls})
+    modules = sorted({call[0] for call in calls})
     return json.loads(_awx("python", os.path.join(REPO, "tests", "unit", "awx", "awx_argspec.py"), *modules))
 
 
@@ -130,7 +130,7 @@ def _doc_spec(options):
 
 
 def _by_module(calls, module):
-    return [args for name, _, args in calls if name == module]
+    return [call[2] for call in calls if call[0] == module]
 
 
 def test_syntax_check_with_awx_awx():
@@ -139,7 +139,7 @@ def test_syntax_check_with_awx_awx():
 
 
 def test_every_call_matches_its_module_argument_spec(calls, specs):
-    assert sorted({module for module, _, _ in calls}) == [
+    assert sorted({call[0] for call in calls}) == [
         "execution_environment", "inventory", "inventory_source", "job_template", "project", "schedule",
         "workflow_job_template"]
     for module, name, args in calls:
