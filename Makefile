@@ -49,16 +49,16 @@ $(VENV)/.installed: requirements-test.txt
 	$(PY) -m pip install -q -r requirements-test.txt
 	touch $@
 
-venv-awx: $(VENV_AWX)/.installed
-
 # awx.awx is linked into .build/awx-collections so that ansible-lint (from .venv) resolves its modules.
+venv-awx: $(VENV_AWX)/.installed
+	@mkdir -p $(AWX_COLLECTIONS)/ansible_collections/awx
+	@ln -sfn "$$($(VENV_AWX)/bin/python -c 'import ansible_collections, os; print(os.path.join(list(ansible_collections.__path__)[0], "awx", "awx"))')" \
+	  $(AWX_COLLECTIONS)/ansible_collections/awx/awx
+
 $(VENV_AWX)/.installed: requirements-awx.txt
 	$(PYTHON) -m venv $(VENV_AWX)
 	$(VENV_AWX)/bin/python -m pip install -q --upgrade pip
 	$(VENV_AWX)/bin/python -m pip install -q -r requirements-awx.txt
-	@mkdir -p $(AWX_COLLECTIONS)/ansible_collections/awx
-	@ln -sfn "$$($(VENV_AWX)/bin/python -c 'import ansible_collections, os; print(os.path.join(list(ansible_collections.__path__)[0], "awx", "awx"))')" \
-	  $(AWX_COLLECTIONS)/ansible_collections/awx/awx
 	touch $@
 
 collection:
