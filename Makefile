@@ -10,6 +10,9 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
+# awx.awx (shipped in the ansible package) for awx/configure.yml, in a virtualenv of its own.
+VENV_AWX := $(CURDIR)/.venv-awx
+AWX_COLLECTIONS := $(CURDIR)/.build/awx-collections
 export ANSIBLE_COLLECTIONS_PATH := $(CURDIR)/.build/collections
 export ANSIBLE_CONFIG := $(CURDIR)/tests/ansible.cfg
 export PATH := $(VENV)/bin:$(PATH)
@@ -25,7 +28,7 @@ MOLECULE_SCENARIOS := $(sort $(notdir $(wildcard molecule/*)))
 # The parts of `make test`, in the order they run.
 TEST_PARTS := lint sanity unit integration molecule
 
-.PHONY: test timed demo deps host-packages venv collection lint sanity unit integration molecule clean
+.PHONY: test timed demo deps host-packages venv venv-awx collection lint sanity unit integration molecule clean
 
 test: deps
 	@$(MAKE) --no-print-directory timed PARTS="$(TEST_PARTS)"
@@ -63,19 +66,31 @@ $(VENV)/.installed: requirements-test.txt
 	$(PY) -m pip install -q -r requirements-test.txt
 	touch $@
 
+# awx.awx is linked into .build/awx-collections so that ansible-lint (from .venv) resolves its modules.
+venv-awx: $(VENV_AWX)/.installed
+	@mkdir -p $(AWX_COLLECTIONS)/ansible_collections/awx
+	@ln -sfn "$$($(VENV_AWX)/bin/python -c 'import ansible_collections, os; print(os.path.join(list(ansible_collections.__path__)[0], "awx", "awx"))')" \
+	  $(AWX_COLLECTIONS)/ansible_collections/awx/awx
+
+$(VENV_AWX)/.installed: requirements-awx.txt
+	$(PYTHON) -m venv $(VENV_AWX)
+	$(VENV_AWX)/bin/python -m pip install -q --upgrade pip
+	$(VENV_AWX)/bin/python -m pip install -q -r requirements-awx.txt
+	touch $@
+
 collection:
 	@mkdir -p .build/collections/ansible_collections/gpufleet
 	@ln -sfn $(CURDIR) .build/collections/ansible_collections/gpufleet/nvidia
 
-lint: venv collection
-	$(VENV)/bin/ansible-lint --profile production
+lint: venv venv-awx collection
+	ANSIBLE_COLLECTIONS_PATH=$(ANSIBLE_COLLECTIONS_PATH):$(AWX_COLLECTIONS) $(VENV)/bin/ansible-lint --profile production
 	$(VENV)/bin/antsibull-changelog lint
 
 sanity: venv collection
 	PYTHON=$(PYTHON) bash tests/sanity/run-sanity.sh
 
-unit: venv collection
-	$(PY) -m pytest -q tests/unit
+unit: venv venv-awx collection
+	GPUFLEET_REQUIRE_AWX=1 $(PY) -m pytest -q tests/unit
 
 integration: deps
 	$(PY) -m pytest -q tests/integration
@@ -91,4 +106,4 @@ demo: deps
 
 clean:
 	-tests/simfleet/bin/simfleet down --purge 2>/dev/null
-	rm -rf .build .venv .venv-sanity tests/output
+	rm -rf .build .venv .venv-awx .venv-sanity tests/output
