@@ -35,6 +35,8 @@ def _journal_event(record, hold, stamp):
     event = {"event": "finished", "node": record["node"], "status": rollout_journal.status_of(result),
              "result": result, "changed": result != "skipped", "run_id": record.get("run_id"),
              "target": (record.get("target") or {}).get("version"), "time": stamp}
+    if record.get("out_of_service") in (True, "True", "true"):
+        event["out_of_service"] = True
     if event["status"] == "failed":
         event.update(rollout_budget.failure_signature(record))
     return event

@@ -17,7 +17,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import rollout_verdict as rv
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import schedule
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report, scheduler_state
 
 
 def _call(func, *args, **kwargs):
@@ -95,6 +95,16 @@ def rollout_cut_off(hostvars, node, stage, rollout_id, run_id, answers):
     return rollout_report.cut_off_record(node, stage, rollout_id, run_id, bool(answers), hostvars or {})
 
 
+def rollout_drain_state(output, backend):
+    """Whether the node is out of service in its scheduler (``scontrol show node -o`` / cordon jsonpath)."""
+    return _call(scheduler_state.drain_state, str(backend), output)
+
+
+def rollout_drained_by_others(state, record):
+    """Whether someone other than this collection's rollouts drained the node (no drain record of ours)."""
+    return scheduler_state.drained_by_others(state, record or {})
+
+
 def rollout_snapshot(saved, fresh, rollout_id):
     """Keep the snapshot of an interrupted attempt of the same rollout, else the fresh one."""
     return _call(rv.choose_snapshot, saved or None, fresh, rollout_id)
@@ -134,6 +144,8 @@ class FilterModule(object):
             "rollout_lock": rollout_lock,
             "rollout_snapshot": rollout_snapshot,
             "rollout_cut_off": rollout_cut_off,
+            "rollout_drain_state": rollout_drain_state,
+            "rollout_drained_by_others": rollout_drained_by_others,
             "rollout_state_file": rollout_state_file,
             "rollout_soak": rollout_soak,
             "rollout_gate": rollout_gate,

@@ -9,6 +9,7 @@ import os
 import socket
 from typing import Optional
 
+
 def process_start_ticks(pid, proc_root="/proc"):
     """Start time of a process in clock ticks since boot (``/proc/<pid>/stat`` field 22), or ``None``.
 

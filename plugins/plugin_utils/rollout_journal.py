@@ -10,8 +10,10 @@ controller killed anywhere leaves every line it wrote whole:
 * ``{"event": "started", "node", "run_id", "time"}`` — a step admitted the node into its budget
   (before its transaction touched it);
 * ``{"event": "finished", "node", "status": "done" | "failed" | "refused", "result",
-  "changed", "signature", "implicates_driver", "target", "time", "run_id"}`` — its transaction
-  ended (for a golden or canary node: after its soak and the check after it);
+  "changed", "signature", "implicates_driver", "target", "time", "run_id", "out_of_service"?}``
+  — its transaction ended (for a golden or canary node: after its soak and the check after it);
+  ``out_of_service``: refused because someone else drained it (it counts against its class's
+  capacity budget);
 * ``{"event": "held", "node", "time"}`` — the node's transaction ended but it is still soaking:
   it stays in flight.
 
@@ -82,7 +84,8 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
         elif kind == "held":
             node["status"] = "in_flight"
         elif kind == "finished" and event.get("status") in ("done", "failed", "refused"):
-            for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id"):
+            for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id",
+                        "out_of_service"):
                 node[key] = event.get(key)
             node["finished_at"] = event.get("time")
     return state
@@ -110,7 +113,7 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
         state = journal.get(node["name"]) or {}
         row = dict(node)
         row["status"] = state.get("status") or "pending"
-        for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result"):
+        for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service"):
             if state.get(key) is not None:
                 row[key] = state[key]
         nodes.append(row)

@@ -553,10 +553,10 @@ def test_two_rollouts_at_once_on_the_same_nodes_one_proceeds_per_node(rollouts):
     third = os.path.join(rollouts.dir, "ctl-a", "conc-third")
     code, out = rollouts.rollout("conc-third", "node07", "-e", "driver_version=620.70.06",
                                  "-e", "rollout_report_dir=%s" % third)
-    assert code != 0 and "rollout refused before any host was touched: rollout conc-ctl-a is running on 1 of " \
-                          "these nodes (node07; run " in out, out[-3000:]
+    refusal = "rollout refused before any host was touched: rollout conc-ctl-a is running on 1 of these nodes (node07; run "
+    assert code != 0 and refusal in out, out[-3000:]
     assert not os.path.exists(os.path.join(third, "journal.jsonl"))
-    for name, (proc, log) in procs.items():
+    for proc, _log in procs.values():
         proc.wait(timeout=1200)
     for node in ("node03", "node07"):
         results = {}

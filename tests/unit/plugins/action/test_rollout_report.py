@@ -199,7 +199,7 @@ def test_cut_off_node_is_recorded_out_of_service_with_how_far_it_got():
     assert rollout_journal.status_of(record["result"]) == "failed"
     # Cut off during its drain, answering again: interrupted, not drained by the transaction, implicates nothing.
     early = rr.cut_off_record("node05", "waves", "driver-ltsb", "ctl-1-1", True,
-                                          {"__node_upgrade_marks": {"started": 1.0}}, now=2.0)
+                              {"__node_upgrade_marks": {"started": 1.0}}, now=2.0)
     assert early["result"] == "interrupted" and early["drained"] is False
     assert "lost its connection and answers again before its drain finished" in early["reason"]
     assert "left locked, without a flag" in early["reason"]

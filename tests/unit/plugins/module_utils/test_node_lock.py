@@ -110,7 +110,7 @@ def test_two_processes_that_both_saw_a_free_lock_exactly_one_takes_it(tmp_path):
             worker.start()
         for worker in workers:
             worker.join(30)
-        outcome = dict(results.get(timeout=5) for _ in workers)
+        outcome = dict(results.get(timeout=5) for worker in workers)
         assert sorted(outcome.values()) == [False, True], outcome
         winner = [run for run, won in outcome.items() if won][0]
         assert node_lock.read_state(path)["content"]["run_id"] == winner

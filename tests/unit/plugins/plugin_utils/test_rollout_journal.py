@@ -100,7 +100,7 @@ def test_concurrent_rollouts_on_the_same_nodes_are_found(tmp_path):
                  [{"event": "started", "node": "n3", "run_id": "other-1-1", "time": 1.0}])
     _rollout_dir(tmp_path, "remote", ["n1"], ["other-2-2"], [])
     found = rollout_journal.concurrent_rollouts(str(tmp_path), "driver-ltsb", ["n1", "n2"], now, 3600,
-                                                lambda run: live.get(run))
+                                                live.get)
     # driver-620: its run on this controller is alive; killed: its run is gone (it resumes by
     # itself); elsewhere: other nodes; remote: another controller's, written 10 s ago.
     assert [(f["rollout_id"], f["overlap"], f["run_id"]) for f in found] == [
@@ -108,4 +108,4 @@ def test_concurrent_rollouts_on_the_same_nodes_are_found(tmp_path):
     assert found[0]["in_flight"] == ["n2"]
     # The same rollout id resumes itself; another controller's rollout is stale after stale_s.
     assert rollout_journal.concurrent_rollouts(str(tmp_path), "driver-620", ["n1"], now + 7200, 3600,
-                                               lambda run: live.get(run)) == []
+                                               live.get) == []

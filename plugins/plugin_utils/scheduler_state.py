@@ -1,0 +1,95 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A node's state in its scheduler, read on the controller before a drain and after it.
+
+Who drained a node decides whether a rollout may return it to service: a node drained (or
+cordoned) before the rollout touched it stays so, and is not upgraded unless asked; a node the
+rollout drained is returned to service by it once good again, also when a later run (a rollback)
+gets it there. So ownership is recorded when the drain is made (``drain.json`` on the node), and
+the scheduler's state is read only to see whether someone else drained it.
+
+Sources: Slurm 22.05 ``scontrol show node -o`` (one line of ``Key=Value`` fields; ``State`` is
+the base state with ``+``-joined flags such as ``DRAIN``; ``Reason`` is last and may hold
+spaces: ``Reason=text [user@time]``); Kubernetes ``kubectl get node -o
+jsonpath={.spec.unschedulable}`` (``true`` when cordoned).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Optional
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/.-]*)=(\S*)")
+
+
+def parse_slurm_show_node(text: str) -> Dict[str, Any]:
+    """Parse ``scontrol show node -o NODE``.
+
+    :param text: the command's output: one line (the first non-empty line is read).
+    :returns: ``{"name", "state" (base state, e.g. ``IDLE``), "flags" ([``DRAIN``, ...]),
+        "drained" (no job left: ``DRAIN`` on an idle node, or ``DOWN``), "draining" (``DRAIN``
+        while jobs run), "out_of_service" (``DRAIN``, ``DOWN`` or ``FAIL``), "reason" (text
+        without the ``[user@time]`` suffix, or None), "reason_by" (``user@time`` or None),
+        "gres", "partitions" ([names])}``.
+    :raises ValueError: when the text has no ``NodeName=`` field (not a node's line).
+    """
+    line = next((ln.strip() for ln in str(text or "").splitlines() if ln.strip()), "")
+    head, sep, reason = line.partition(" Reason=")
+    fields = dict(_FIELD.findall(head))
+    if "NodeName" not in fields:
+        raise ValueError("not a line of scontrol show node -o: %r" % line[:200])
+    parts = [p for p in (fields.get("State") or "").upper().split("+") if p]
+    base = parts[0] if parts else None
+    flags = parts[1:]
+    reason_text, reason_by = None, None
+    if sep and reason.strip() and reason.strip() != "(null)":
+        match = re.match(r"^(.*?)\s*\[([^\]]*)\]\s*$", reason.strip())
+        reason_text, reason_by = (match.group(1), match.group(2)) if match else (reason.strip(), None)
+    drain = "DRAIN" in flags or base in ("DRAINED", "DRAINING")
+    busy = base in ("ALLOCATED", "MIXED", "COMPLETING", "DRAINING") or "COMPLETING" in flags
+    down = base in ("DOWN", "FAIL") or "FAIL" in flags
+    return {"name": fields["NodeName"], "state": base, "flags": flags,
+            "drained": (drain and not busy) or down, "draining": drain and busy,
+            "out_of_service": drain or down, "reason": reason_text, "reason_by": reason_by,
+            "gres": fields.get("Gres") if fields.get("Gres") not in (None, "(null)") else None,
+            "partitions": [p for p in (fields.get("Partitions") or "").split(",") if p]}
+
+
+def drain_state(backend: str, output: Optional[str]) -> Dict[str, Any]:
+    """Whether the node is out of service in its scheduler now, from the backend's read command.
+
+    :param backend: ``slurm``, ``kubernetes``, ``command`` or ``none``.
+    :param output: ``scontrol show node -o NAME`` (slurm) or the ``unschedulable`` jsonpath
+        (kubernetes); ignored for the others.
+    :returns: ``{"backend", "known": bool, "out_of_service": bool | None, "draining": bool,
+        "reason": str | None}``; ``known`` is false for ``command`` and ``none``, which cannot
+        be asked.
+    :raises ValueError: for an unknown backend or output Slurm does not write.
+    """
+    if backend == "slurm":
+        node = parse_slurm_show_node(output or "")
+        return {"backend": backend, "known": True, "out_of_service": node["out_of_service"],
+                "draining": node["draining"], "reason": node["reason"], "state": "+".join([node["state"] or ""] + node["flags"])}
+    if backend == "kubernetes":
+        cordoned = str(output or "").strip().lower() == "true"
+        return {"backend": backend, "known": True, "out_of_service": cordoned, "draining": False,
+                "reason": "cordoned" if cordoned else None, "state": "cordoned" if cordoned else "schedulable"}
+    if backend in ("command", "none"):
+        return {"backend": backend, "known": False, "out_of_service": None, "draining": False, "reason": None,
+                "state": None}
+    raise ValueError("unknown drain backend %r (slurm, kubernetes, command, none)" % backend)
+
+
+def drained_by_others(state: Any, record: Any) -> bool:
+    """Whether someone other than this collection's rollouts took the node out of service.
+
+    :param state: :func:`drain_state`.
+    :param record: the node's ``drain.json`` (``{"rollout_id", "run_id", "backend", "reason",
+        "drained_at"}``) written when a rollout drained it, or ``{}``/``None``.
+    :returns: true when the scheduler shows the node out of service and no drain record of a
+        rollout of this collection is on the node.
+    """
+    if not isinstance(state, dict) or not state.get("out_of_service"):
+        return False
+    return not (isinstance(record, dict) and record.get("rollout_id"))

@@ -1,0 +1,66 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""A node's scheduler state and who drained it (plugin_utils.scheduler_state)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.scheduler_state import (
+    drain_state,
+    drained_by_others,
+    parse_slurm_show_node,
+)
+
+# Shaped as Slurm 22.05's scontrol show node -o (fields abridged; Reason last, with spaces).
+IDLE = ("NodeName=node01 Arch=x86_64 CoresPerSocket=1 CPUAlloc=0 CPUTot=2 Gres=gpu:8 NodeAddr=127.0.0.1 "
+        "NodeHostName=node01 Port=24510 RealMemory=1000 State=IDLE ThreadsPerCore=1 Partitions=gpu_h100,all "
+        "BootTime=2026-12-01T10:00:00 SlurmdStartTime=2026-12-01T10:00:05")
+DRAINING = IDLE.replace("CPUAlloc=0", "CPUAlloc=1").replace("State=IDLE", "State=MIXED+DRAIN") + \
+    " Reason=gpufleet driver-ltsb: driver rollout [root@2026-12-01T10:05:00]"
+DRAINED_BY_OPERATOR = IDLE.replace("State=IDLE", "State=IDLE+DRAIN") + " Reason=bad DIMM, ticket 4711 [alice@2026-11-30T08:00:00]"
+
+
+def test_idle_node():
+    node = parse_slurm_show_node(IDLE)
+    assert node["name"] == "node01" and node["state"] == "IDLE" and node["flags"] == []
+    assert node["out_of_service"] is False and node["drained"] is False and node["draining"] is False
+    assert node["reason"] is None and node["gres"] == "gpu:8" and node["partitions"] == ["gpu_h100", "all"]
+
+
+def test_draining_while_a_job_runs_then_drained():
+    node = parse_slurm_show_node(DRAINING)
+    assert node["state"] == "MIXED" and node["flags"] == ["DRAIN"]
+    assert node["draining"] is True and node["drained"] is False and node["out_of_service"] is True
+    assert node["reason"] == "gpufleet driver-ltsb: driver rollout" and node["reason_by"] == "root@2026-12-01T10:05:00"
+    done = parse_slurm_show_node(DRAINING.replace("State=MIXED+DRAIN", "State=IDLE+DRAIN"))
+    assert done["drained"] is True and done["draining"] is False
+
+
+def test_reason_with_spaces_and_down_nodes():
+    node = parse_slurm_show_node(DRAINED_BY_OPERATOR)
+    assert node["reason"] == "bad DIMM, ticket 4711" and node["reason_by"] == "alice@2026-11-30T08:00:00"
+    down = parse_slurm_show_node(IDLE.replace("State=IDLE", "State=DOWN+NOT_RESPONDING") + " Reason=Not responding [slurm@t]")
+    assert down["out_of_service"] is True and down["drained"] is True and down["flags"] == ["NOT_RESPONDING"]
+
+
+def test_not_a_node_line_is_an_error():
+    with pytest.raises(ValueError, match="not a line of scontrol show node -o"):
+        parse_slurm_show_node("Node node99 not found")
+
+
+def test_drain_state_per_backend_and_who_drained():
+    assert drain_state("slurm", DRAINED_BY_OPERATOR)["out_of_service"] is True
+    expected = {"backend": "kubernetes", "known": True, "out_of_service": True, "draining": False, "reason": "cordoned",
+                "state": "cordoned"}
+    assert drain_state("kubernetes", "true\n") == expected
+    assert drain_state("kubernetes", "")["out_of_service"] is False
+    assert drain_state("command", None)["known"] is False and drain_state("none", "")["out_of_service"] is None
+    with pytest.raises(ValueError, match="unknown drain backend 'pbs'"):
+        drain_state("pbs", "")
+    operator = drain_state("slurm", DRAINED_BY_OPERATOR)
+    assert drained_by_others(operator, {}) is True
+    assert drained_by_others(operator, {"rollout_id": "driver-ltsb", "run_id": "r1"}) is False  # ours, from a failed run
+    assert drained_by_others(drain_state("slurm", IDLE), {}) is False
+    assert drained_by_others(drain_state("command", None), {}) is False
