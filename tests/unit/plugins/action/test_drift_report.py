@@ -99,8 +99,12 @@ def test_drift_playbook_from_a_fact_directory(fleet_dir):
     markdown = (fleet_dir / "out" / "drift-report.md").read_text()
     assert "| gpu_h100 | 3 | 1 | 2 | 1 | critical | facts_missing 1, power_limit_w 8 |" in markdown
     prom = (fleet_dir / "out" / "gpufleet_drift.prom").read_text()
-    assert 'gpufleet_drift_node_in_sync{class="gpu_v100",node="v1"} 1' in prom
-    assert 'gpufleet_drift_node_findings{class="gpu_h100",node="h2",severity="warning"} 8' in prom
+    assert 'gpufleet_drift_node_in_sync{Hostname="v1",class="gpu_v100",node="v1"} 1.0' in prom
+    assert 'gpufleet_drift_node_findings{Hostname="h2",class="gpu_h100",node="h2",severity="warning"} 8.0' in prom
+    # h2 drifted: its GPUs have series with dcgm-exporter's labels; in-sync h1's do not (prometheus_gpus=drifted).
+    assert ('gpufleet_gpu_power_limit_watts{Hostname="h2",UUID="GPU-3",gpu="3",limit="enforced",modelName="NVIDIA H100 '
+            '80GB HBM3",pci_bus_id=""} 700.0') in prom
+    assert 'gpufleet_gpu_info{Hostname="h1"' not in prom
 
 
 def test_drift_playbook_report_only_exits_zero(fleet_dir):
