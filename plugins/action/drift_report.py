@@ -220,13 +220,16 @@ class ActionModule(ControllerAction):
         paths = {}
         if self._task.check_mode:
             return paths
-        out = args["output_dir"]
+        # Absolute: the playbook shows the Markdown with a file lookup, which would search a
+        # relative path beside the playbook instead of the working directory it was written in.
+        out = os.path.abspath(args["output_dir"]) if args["output_dir"] else None
         formats = set(args["formats"])
         if out and "json" in formats:
             paths["json"] = "%s/drift-report.json" % out
         if out and "markdown" in formats:
             paths["markdown"] = "%s/drift-report.md" % out
-        prom = args["prometheus_path"] or ("%s/gpufleet_drift.prom" % out if out else None)
+        prom = os.path.abspath(args["prometheus_path"]) if args["prometheus_path"] else None
+        prom = prom or ("%s/gpufleet_drift.prom" % out if out else None)
         rollout = None
         if prom and "prometheus" in formats:
             try:
