@@ -11,7 +11,8 @@ serial and PCI bus id), some drifted, some without facts, and writes
 * ``cache-awx/<host>``: plain JSON, the form of AWX's ``fact_cache/<host>`` and older cores;
 * ``inventory/``: ``hosts.yml`` with one group per GPU class (``gpu_h100_*``) and per rack,
   ``group_vars`` declaring each class, ``host_vars`` for a few hosts whose power limit differs
-  from their class's (in sync only when the host's own variables are read).
+  from their class's (in sync only when the host's own variables are read); ``inventory-ini/``
+  the same inventory as ``hosts.ini``.
 
 The drift every node gets is recorded, so a caller knows the right answer (:func:`expected_counts`).
 Standard library only; used by ``bench.py`` and by the unit tests.
@@ -176,8 +177,8 @@ def write_fleet(root, seed, nodes, **plan_args):
 
     :param seed: :func:`seed_cache`'s result. :param nodes: how many hosts.
     :param plan_args: ``drift_every``, ``missing_every``, ``override_every`` of :func:`plan`.
-    :returns: ``{"layout": plan(...), "cache_219": dir, "cache_awx": dir, "inventory": dir,
-        "bytes_219": total size of the 2.19 files}``.
+    :returns: ``{"layout": plan(...), "cache_219": dir, "cache_awx": dir, "inventory": dir (YAML),
+        "inventory_ini": dir (INI), "bytes_219": total size of the 2.19 files}``.
     """
     template = json.loads(seed["__payload__"])
     if "nvidia" not in template:
@@ -218,5 +219,12 @@ def write_fleet(root, seed, nodes, **plan_args):
                 handle.write("%s: %s\n" % (key, json.dumps(value)))
     with open(os.path.join(inventory, "group_vars", "all.yml"), "w") as handle:
         handle.write("ansible_user: ops\nansible_ssh_pipelining: true\n")
+    ini = os.path.join(root, "inventory-ini")
+    os.makedirs(ini)
+    for directory in ("group_vars", "host_vars"):
+        shutil.copytree(os.path.join(inventory, directory), os.path.join(ini, directory))
+    with open(os.path.join(ini, "hosts.ini"), "w") as handle:
+        for name, members in sorted(groups.items()) + sorted(racks.items()):
+            handle.write("[%s]\n%s\n\n" % (name, "\n".join(members)))
     return {"layout": layout, "cache_219": cache_219, "cache_awx": cache_awx, "inventory": inventory,
-            "bytes_219": total}
+            "inventory_ini": ini, "bytes_219": total}

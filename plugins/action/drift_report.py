@@ -239,6 +239,9 @@ class ActionModule(ControllerAction):
             paths["prometheus"] = prom
             rollout = self._rollout_report(args)
 
+        for path in paths.values():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+
         def write(names):
             for name in names:
                 if name == "json":

@@ -4,7 +4,7 @@
 """Render a drift report (``module_utils.drift.build_report``) as JSON and Markdown.
 
 Controller side: Markdown is rendered with Jinja2 (shipped with ansible-core), JSON with
-``orjson`` when it is installed (else the standard library). Write either atomically with
+``msgspec`` when it is installed (else the standard library). Write either atomically with
 :func:`write_atomic`. The Prometheus textfile is ``drift_prometheus``'s.
 """
 
@@ -18,9 +18,9 @@ from typing import Any, Mapping
 from jinja2 import Environment, StrictUndefined
 
 try:
-    import orjson
+    import msgspec
 except ImportError:  # the standard library is the fallback
-    orjson = None
+    msgspec = None
 
 _MARKDOWN = """\
 # GPU fleet drift report
@@ -87,17 +87,17 @@ def _rank(severity: str) -> int:
 
 
 def render_json(report: Mapping[str, Any]) -> str:
-    """The report as indented JSON text (keys sorted), with ``orjson`` when it is installed.
+    """The report as indented JSON text (keys sorted), with ``msgspec`` when it is installed.
 
-    A value JSON has no type for is written as its ``str``. ``orjson`` indents by two spaces, the
-    standard library (the fallback, and for a non-string key, which ``orjson`` refuses) by one;
-    ``orjson`` writes a NaN as ``null``, the standard library as ``NaN``.
+    A value JSON has no type for is written as its ``str``. ``msgspec`` indents by two spaces and
+    writes a NaN as ``null``; the standard library (the fallback, and for a key that is not a
+    string, which sorting with ``msgspec`` refuses) indents by one and writes ``NaN``.
     """
-    if orjson is not None:
+    if msgspec is not None:
         try:
-            return orjson.dumps(report, default=str, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS
-                                | orjson.OPT_APPEND_NEWLINE).decode("utf-8")
-        except (TypeError, orjson.JSONEncodeError):
+            return msgspec.json.format(msgspec.json.encode(report, enc_hook=str, order="sorted"),
+                                       indent=2).decode("utf-8") + "\n"
+        except (TypeError, msgspec.EncodeError):
             pass
     return json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.nvidia contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The pieces that make the drift report fast: forked workers, orjson with the stdlib fallback,
+"""The pieces that make the drift report fast: forked workers, msgspec with the stdlib fallback,
 declarations shared between hosts."""
 
 from __future__ import annotations
@@ -40,15 +40,20 @@ INNER = {"nvidia": {"schema_version": 1, "driver": {"state": "ok", "loaded_versi
          "ansible_nodename": "n1", "big": 2 ** 70}
 
 
-@pytest.mark.parametrize("library", ["orjson", "json"])
+@pytest.mark.parametrize("library", ["msgspec", "json"])
 def test_decode_gives_the_same_facts_with_either_library(monkeypatch, library):
     if library == "json":
-        monkeypatch.setattr(fact_sources, "orjson", None)
-    elif fact_sources.orjson is None:
-        pytest.skip("orjson is not installed")
+        monkeypatch.setattr(fact_sources, "msgspec", None)
+    elif fact_sources.msgspec is None:
+        pytest.skip("msgspec is not installed")
     wrapped = json.dumps({"__payload__": json.dumps(INNER)}).encode()
-    # A 71-bit integer is beyond orjson: the stdlib reads the file instead, same values.
     assert fact_sources.decode_cache_text(wrapped) == (INNER, True)
+    # Only the keys the report reads: setup's other facts ("big") are skipped.
+    wanted = {"nvidia": INNER["nvidia"], "ansible_nodename": "n1"}
+    assert fact_sources.decode_cache_text(wrapped, wanted=True) == (wanted, True)
+    assert fact_sources.decode_cache_text(json.dumps(INNER), wanted=True) == (wanted, False)
+    assert fact_sources.decode_cache_text(json.dumps(INNER["nvidia"]), wanted=True) == (INNER["nvidia"], False)
+    assert fact_sources.decode_cache_text(b'"text"', wanted=True) == ("text", False)
     tagged = json.dumps({"nvidia": {"driver": {"value": {"state": "ok"}, "tags": [], "__ansible_type": "_AnsibleTaggedDict"}}})
     assert fact_sources.decode_cache_text(tagged) == ({"nvidia": {"driver": {"state": "ok"}}}, False)
     assert fact_sources.decode_cache_text(b'{"limit_w": NaN}')[0]["limit_w"] != 0
