@@ -249,3 +249,26 @@ def test_counts_on_a_generated_cache_in_both_forms(real_cache, tmp_path, form, d
         assert got == {"nodes": 40, "in_sync": 29, "drifted": 11, "missing": 3}
     assert got == fleet_cache.expected_counts(fleet["layout"], declared_from)
     assert summary["by_check"]["gpu_count"] == 1 and summary["by_check"]["facts_missing"] == 3
+
+
+def test_rollout_report_metrics_join_the_textfile_and_a_bad_one_is_refused(fleet_dir):
+    rollout_dir = fleet_dir / "rollout"
+    rollout_dir.mkdir()
+    (rollout_dir / "rollout-report.json").write_text(json.dumps({
+        "rollout_id": "r1", "status": "stopped", "stop_reason": "canary node a1 failed: gpu_count",
+        "nodes": [{"node": "h1", "class": "gpu_h100", "stage": "golden", "result": "upgraded"},
+                  {"node": "a1", "class": "gpu_a100", "stage": "canary", "result": "rolled_back"}],
+        "stages": [{"name": "golden", "counts": {"upgraded": 1}}, {"name": "canary", "counts": {"rolled_back": 1}}],
+        "budgets": {"gpu_a100": {"nodes": 1, "free": 0, "out_of_service": 1, "failed": 1, "failure_budget": 1}}}))
+    args = [os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=dir",
+            "-e", "drift_path=%s" % (fleet_dir / "facts"), "-e", "drift_output_dir=out", "-e", "drift_report_only=true"]
+    proc = run_playbook(fleet_dir, *(args + ["-e", "drift_rollout_report=%s" % rollout_dir]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    prom = (fleet_dir / "out" / "gpufleet_drift.prom").read_text()
+    assert 'gpufleet_rollout_nodes{class="gpu_a100",result="rolled_back",rollout_id="r1"} 1.0' in prom
+    assert 'gpufleet_rollout_stopped{rollout_id="r1"} 1.0' in prom
+    assert 'gpufleet_rollout_failure_budget_left_nodes{class="gpu_a100",rollout_id="r1"} 0.0' in prom
+    (rollout_dir / "rollout-report.json").write_text("[]")
+    proc = run_playbook(fleet_dir, *(args + ["-e", "drift_rollout_report=%s" % rollout_dir]))
+    assert proc.returncode != 0
+    assert "is not a rollout report (no list of nodes)" in proc.stdout + proc.stderr
