@@ -110,7 +110,8 @@ def main():
         if not args.no_cmdb:
             commands["ansible_cmdb"] = ([os.path.join(bindir, "ansible-cmdb"), "-f", "-t", "html_fancy_split",
                                          fleet["cache_awx"]], None)
-        results["commands"] = dict((name, " ".join(argv).replace(root, "$CACHE")) for name, (argv, _d) in commands.items())
+        results["commands"] = dict((name, " ".join(argv).replace(root, "$CACHE").replace(REPO, "$REPO"))
+                                   for name, (argv, _d) in commands.items())
         raw = dict((name, []) for name in commands)
         for _turn in range(args.runs):
             for name, (argv, declared_from) in commands.items():

@@ -95,7 +95,7 @@ def _kind(value: Any) -> str:
 
 def _is_mapping(value: Any) -> bool:
     """``isinstance(value, Mapping)``, with the common case (a ``dict``) first: it runs per field of every GPU."""
-    return type(value) is dict or isinstance(value, abc.Mapping)
+    return isinstance(value, (dict, abc.Mapping))
 
 
 def _is_string(value: Any) -> bool:
@@ -545,8 +545,8 @@ def gpu_summaries(facts: Mapping[str, Any], findings: List[Dict[str, Any]]) -> L
         entry = dict((key, gpu.get(key)) for key in GPU_SUMMARY_FIELDS)
         entry.update({
             "ecc_mode": (gpu.get("ecc") or {}).get("mode_current"),
-            "power": dict((key, power.get(key)) for key in ("limit_w", "enforced_limit_w", "default_limit_w",
-                                                           "min_limit_w", "max_limit_w")),
+            "power": dict((key, power.get(key))
+                          for key in ("limit_w", "enforced_limit_w", "default_limit_w", "min_limit_w", "max_limit_w")),
             "remapped_rows": dict((key, rows.get(key)) for key in ("correctable", "uncorrectable", "pending", "failed")),
             "fatal_xid_events": fatal_by_bus.get(str(gpu.get("pci_bus_id") or "").lower(), 0),
             "findings": len(own),

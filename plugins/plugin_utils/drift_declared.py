@@ -155,4 +155,3 @@ def declared_variables(hostvars: Any, hosts: Iterable[str], names: Iterable[str]
             stats["keys"] += 1
         out[host] = by_key[key]
     return out, stats
-
