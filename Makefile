@@ -20,7 +20,7 @@ export PYTHONDONTWRITEBYTECODE := 1
 
 # Debian packages the simulated fleet and the tests need on the control host.
 HOST_PACKAGES := debootstrap debian-archive-keyring systemd-container kmod binutils dpkg-dev \
-	apt-utils gnupg openssh-client python3-venv iproute2 procps mount git shellcheck
+	apt-utils gnupg openssh-client python3-venv iproute2 procps mount git shellcheck prometheus
 
 # Molecule scenarios, each on a simulated fleet of its own.
 MOLECULE_SCENARIOS := $(sort $(notdir $(wildcard molecule/*)))

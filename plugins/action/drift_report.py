@@ -5,13 +5,22 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from datetime import datetime, timezone
 
+from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import drift
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_output, fact_sources
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
+    drift_declared,
+    drift_output,
+    drift_parallel,
+    drift_prometheus,
+    fact_sources,
+)
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 
 ARGUMENT_SPEC = {
@@ -31,7 +40,13 @@ ARGUMENT_SPEC = {
     "fail_on": {"type": "str", "default": "warning", "choices": ["info", "warning", "critical"]},
     "max_markdown_findings": {"type": "int", "default": 500},
     "return_findings": {"type": "int", "default": 200},
+    "prometheus_gpus": {"type": "str", "default": "drifted", "choices": ["none", "drifted", "all"]},
+    "workers": {"type": "int", "default": 0},
+    "rollout_report": {"type": "path"},
 }
+
+#: Fewer nodes than this are judged in the calling process alone (a fork costs more than it saves).
+PARALLEL_MIN_NODES = 400
 
 
 def host_classes(groups, hosts, class_prefix):
@@ -53,24 +68,6 @@ def host_classes(groups, hosts, class_prefix):
     return classes
 
 
-def _plain(value):
-    """Copy a templated variable value into plain dict/list/scalars."""
-    if isinstance(value, dict):
-        return dict((str(k), _plain(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def _declared_vars(hostvars, host):
-    variables = hostvars[host]
-    out = {}
-    for name in drift.DECLARED_VARIABLES:
-        if name in variables:
-            out[name] = _plain(variables[name])
-    return out
-
-
 class ActionModule(ControllerAction):
     """Collect facts and declarations, judge them with module_utils.drift, write the outputs."""
 
@@ -87,30 +84,36 @@ class ActionModule(ControllerAction):
         if hosts is None:
             hosts = [h for h in groups.get("all", []) if h not in ("localhost",)]
         classes = host_classes(groups, hosts, args["class_prefix"])
-        facts_of, source, errors = self._collect(args, hosts, task_vars)
-        hostvars = task_vars.get("hostvars") or {}
-        overrides = dict((klass, drift.declared_state(variables))
-                         for klass, variables in (args["declared"] or {}).items())
-        per_class = {}
-
-        def nodes():
-            for host in hosts:
-                klass = classes[host]
-                if klass in overrides:
-                    declared = overrides[klass]
-                elif args["declared_from"] == "class" and klass in per_class:
-                    declared = per_class[klass]
-                else:
-                    declared = drift.declared_state(_declared_vars(hostvars, host)) if host in hostvars else {}
-                    per_class.setdefault(klass, declared)
-                facts, age = facts_of(host)
-                yield {"node": host, "class": klass, "facts": facts, "declared": declared, "facts_age_s": age}
+        facts_of, source = self._collect(args, hosts, task_vars)
+        declared_of = self._declarations(args, hosts, classes, task_vars)
         generated = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         engine = drift.DriftEngine(max_age_s=args["max_age_s"])
-        report = drift.build_report(nodes(), engine, generated_at=generated, source=source)
+        keep_gpus = args["prometheus_gpus"] if "prometheus" in args["formats"] else "none"
+
+        def judge(chunk):
+            errors = {}
+            judged = []
+            for host in chunk:
+                facts, age, checked, nodename = facts_of(host, errors)
+                judged.append((host, drift.judge_node(
+                    {"node": host, "class": classes[host], "facts": facts, "declared": declared_of(host),
+                     "facts_age_s": age, "facts_checked": checked, "hostname": nodename}, engine, keep_gpus)))
+            return judged, errors
+        workers = args["workers"] or drift_parallel.usable_cpus()
+        if len(hosts) < PARALLEL_MIN_NODES:
+            workers = 1
+        try:
+            parts = drift_parallel.map_forked(judge, drift_parallel.split(hosts, workers))
+        except drift_parallel.WorkerError as err:
+            raise AnsibleActionFail("drift_report: %s" % err)
+        errors = {}
+        for _judged, part_errors in parts:
+            errors.update(part_errors)
+        report = drift.roll_up((item for judged, _errors in parts for item in judged),
+                               generated_at=generated, source=source)
         report["source_errors"] = errors
         code = drift.exit_code(report, args["report_only"], args["fail_on"])
-        paths = self._write(args, report, started)
+        paths = self._write(args, report, started, workers)
         summary = report["summary"]
         result.update({
             "changed": False,
@@ -132,17 +135,61 @@ class ActionModule(ControllerAction):
             result["msg"] = "drift found: " + result["msg"]
         return result
 
+    def _declarations(self, args, hosts, classes, task_vars):
+        """``declared_of(host) -> drift.declared_state(...)``: computed once per distinct declaration.
+
+        ``declared`` (per class) wins; ``declared_from=class`` reads a class's first host only;
+        otherwise hosts sharing groups and own declared variables share one reading
+        (:func:`drift_declared.declared_variables`).
+        """
+        hostvars = task_vars.get("hostvars") or {}
+        overrides = dict((klass, drift.declared_state(variables))
+                         for klass, variables in (args["declared"] or {}).items())
+        wanted = [host for host in hosts if classes[host] not in overrides]
+        if args["declared_from"] == "class":
+            first = {}
+            for host in wanted:
+                first.setdefault(classes[host], host)
+            wanted = list(first.values())
+        basedirs = list(task_vars.get("ansible_inventory_sources") or []) + [task_vars.get("playbook_dir")]
+        variables, _stats = drift_declared.declared_variables(
+            hostvars, wanted, drift.DECLARED_VARIABLES, basedirs, C.VARIABLE_PLUGINS_ENABLED)
+        states = {}  # id of a shared variables dict -> its declared state
+
+        def state(found):
+            if found is None:
+                return {}
+            if id(found) not in states:
+                states[id(found)] = (found, drift.declared_state(found))
+            return states[id(found)][1]
+        by_class = dict((classes[host], state(variables[host])) for host in wanted)
+
+        def declared_of(host):
+            klass = classes[host]
+            if klass in overrides:
+                return overrides[klass]
+            if args["declared_from"] == "class":
+                return by_class[klass]
+            return state(variables[host])
+        return declared_of
+
     def _collect(self, args, hosts, task_vars):
-        """``(facts_of(host) -> (facts, age), source label, errors dict)``; files are read lazily."""
-        errors = {}
+        """``(facts_of(host, errors) -> (facts, age, checked, nodename), source label)``; files are read lazily.
+
+        ``errors`` gets ``{host: why}`` for a file that cannot be used; ``checked`` says the
+        document's shape was checked already (``drift.facts_problem``); ``nodename`` is the
+        host's ``ansible_nodename`` when the source holds it.
+        """
         if args["source"] == "live":
             hostvars = task_vars.get("hostvars") or {}
 
-            def live(host):
+            def live(host, errors):
                 if host not in hostvars:
-                    return None, None
-                return fact_sources.nvidia_from_host_facts(_plain(hostvars[host].get("ansible_facts") or {})), None
-            return live, "live", errors
+                    return None, None, False, None
+                facts = drift_declared.plain(hostvars[host].get("ansible_facts") or {})
+                nodename = facts.get("nodename") if isinstance(facts.get("nodename"), str) else None
+                return fact_sources.nvidia_from_host_facts(facts), None, False, nodename
+            return live, "live"
         if not args["path"]:
             raise AnsibleActionFail("drift_report: source=%s needs path" % args["source"])
         try:
@@ -151,34 +198,89 @@ class ActionModule(ControllerAction):
             raise AnsibleActionFail("drift_report: %s" % err)
         now = time.time()
 
-        def from_file(host):
+        def from_file(host, errors):
             if host not in files:
-                return None, None
+                return None, None, False, None
             try:
                 entry = fact_sources.load_fact_file(files[host], now)
             except fact_sources.FactSourceError as err:
                 errors[host] = str(err)
-                return None, None
+                return None, None, False, None
             if entry["error"]:
                 errors[host] = "%s: %s" % (entry["path"], entry["error"])
-            return entry["facts"], entry["age_s"]
-        return from_file, "%s:%s" % (args["source"], args["path"]), errors
+            return entry["facts"], entry["age_s"], entry["facts"] is not None, entry["nodename"]
+        return from_file, "%s:%s" % (args["source"], args["path"])
 
-    def _write(self, args, report, started):
+    def _write(self, args, report, started, workers=1):
+        """Write the outputs (JSON, Markdown, Prometheus); the Prometheus file in a second process when
+        there is a CPU for it, as it costs about as much as the other two.
+
+        :returns: ``{format: path}``.
+        """
         paths = {}
         if self._task.check_mode:
             return paths
-        out = args["output_dir"]
+        # Absolute: the playbook shows the Markdown with a file lookup, which would search a
+        # relative path beside the playbook instead of the working directory it was written in.
+        out = os.path.abspath(args["output_dir"]) if args["output_dir"] else None
         formats = set(args["formats"])
         if out and "json" in formats:
             paths["json"] = "%s/drift-report.json" % out
-            drift_output.write_atomic(paths["json"], drift_output.render_json(report))
         if out and "markdown" in formats:
             paths["markdown"] = "%s/drift-report.md" % out
-            drift_output.write_atomic(paths["markdown"],
-                                      drift_output.render_markdown(report, args["max_markdown_findings"]))
-        prom = args["prometheus_path"] or ("%s/gpufleet_drift.prom" % out if out else None)
+        prom = os.path.abspath(args["prometheus_path"]) if args["prometheus_path"] else None
+        prom = prom or ("%s/gpufleet_drift.prom" % out if out else None)
+        rollout = None
         if prom and "prometheus" in formats:
+            try:
+                drift_prometheus.require()
+            except drift_prometheus.PrometheusUnavailable as err:
+                raise AnsibleActionFail("drift_report: %s" % err)
             paths["prometheus"] = prom
-            drift_output.write_atomic(prom, drift_output.render_prometheus(report, started))
+            rollout = self._rollout_report(args)
+
+        for path in paths.values():
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+
+        def write(names):
+            for name in names:
+                if name == "json":
+                    drift_output.write_atomic(paths["json"], drift_output.render_json(report))
+                elif name == "markdown":
+                    drift_output.write_atomic(paths["markdown"],
+                                              drift_output.render_markdown(report, args["max_markdown_findings"]))
+                else:
+                    drift_prometheus.write_textfile(paths["prometheus"], report, started, rollout)
+            return True
+        jobs = [[name for name in ("json", "markdown") if name in paths]]
+        if "prometheus" in paths:
+            if workers > 1 and jobs[0]:
+                jobs.append(["prometheus"])
+            else:
+                jobs[0].append("prometheus")
+        try:
+            drift_parallel.map_forked(write, jobs)
+        except drift_parallel.WorkerError as err:
+            raise AnsibleActionFail("drift_report: writing the outputs: %s" % err)
         return paths
+
+    def _rollout_report(self, args):
+        """The rollout report named by ``rollout_report`` (a file, or a directory holding
+        ``rollout-report.json``), or ``None``.
+
+        :raises AnsibleActionFail: when it is named but cannot be read or is not a report.
+        """
+        path = args["rollout_report"]
+        if not path:
+            return None
+        if os.path.isdir(path):
+            path = os.path.join(path, "rollout-report.json")
+        try:
+            with open(path, "rb") as handle:
+                data = json.loads(handle.read())
+        except (IOError, OSError, ValueError) as err:
+            raise AnsibleActionFail("drift_report: rollout_report %s cannot be read: %s" % (path, err))
+        if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+            raise AnsibleActionFail("drift_report: rollout_report %s is not a rollout report (no list of nodes); "
+                                    "give the rollout's report directory or its rollout-report.json" % path)
+        return data

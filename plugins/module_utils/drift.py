@@ -39,7 +39,8 @@ Python 3.9 compatible.
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from collections import abc
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_policy_plan
@@ -92,14 +93,27 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def _list_of(value: Any, what: str, element: Any, element_name: str) -> Optional[str]:
-    """Problem text when ``value`` is neither null nor a list of ``element`` instances."""
+def _is_mapping(value: Any) -> bool:
+    """``isinstance(value, Mapping)``, with the common case (a ``dict``) first: it runs per field of every GPU."""
+    return isinstance(value, (dict, abc.Mapping))
+
+
+def _is_string(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _list_of(value: Any, what: str, element: Callable[[Any], bool], element_name: str) -> Optional[str]:
+    """Problem text when ``value`` is neither null nor a list whose items all pass ``element``."""
     if value is None:
         return None
     if not isinstance(value, list):
         return "%s is a %s, expected a list" % (what, _kind(value))
     for number, item in enumerate(value):
-        if not isinstance(item, element) or isinstance(item, bool) and element is not bool:
+        if not element(item):
             return "%s[%d] is a %s, expected %s" % (what, number, _kind(item), element_name)
     return None
 
@@ -126,31 +140,31 @@ def facts_problem(facts: Any) -> Optional[str]:
         e.g. ``"driver is a str, expected a mapping"``.
     :raises: nothing.
     """
-    if not isinstance(facts, Mapping):
+    if not _is_mapping(facts):
         return "the document is a %s, expected a mapping" % _kind(facts)
     driver = facts.get("driver")
-    if not isinstance(driver, Mapping):
+    if not _is_mapping(driver):
         return "driver is a %s, expected a mapping" % _kind(driver)
     for key in ("loaded_version", "userspace_version", "on_disk_version"):
         if driver.get(key) is not None and not isinstance(driver.get(key), str):
             return "driver.%s is a %s, expected a string" % (key, _kind(driver.get(key)))
-    problem = (_list_of(driver.get("state_reasons"), "driver.state_reasons", str, "a string")
-               or _list_of(driver.get("packages"), "driver.packages", Mapping, "a mapping")
-               or _list_of(facts.get("gpus"), "gpus", Mapping, "a mapping")
-               or _list_of(facts.get("xid_events"), "xid_events", Mapping, "a mapping"))
+    problem = (_list_of(driver.get("state_reasons"), "driver.state_reasons", _is_string, "a string")
+               or _list_of(driver.get("packages"), "driver.packages", _is_mapping, "a mapping")
+               or _list_of(facts.get("gpus"), "gpus", _is_mapping, "a mapping")
+               or _list_of(facts.get("xid_events"), "xid_events", _is_mapping, "a mapping"))
     if problem:
         return problem
     if not _number_or_null(facts.get("gpu_count")):
         return "gpu_count is a %s, expected a number" % _kind(facts.get("gpu_count"))
     for number, gpu in enumerate(facts.get("gpus") or []):
-        problem = _list_of(gpu.get("errors"), "gpus[%d].errors" % number, str, "a string")
+        problem = _list_of(gpu.get("errors"), "gpus[%d].errors" % number, _is_string, "a string")
         if problem:
             return problem
         for key in _GPU_MAPPINGS:
-            if gpu.get(key) is not None and not isinstance(gpu.get(key), Mapping):
+            if gpu.get(key) is not None and not _is_mapping(gpu.get(key)):
                 return "gpus[%d].%s is a %s, expected a mapping" % (number, key, _kind(gpu.get(key)))
         problem = _list_of((gpu.get("mig") or {}).get("devices"), "gpus[%d].mig.devices" % number,
-                           Mapping, "a mapping")
+                           _is_mapping, "a mapping")
         if problem:
             return problem
     for number, event in enumerate(facts.get("xid_events") or []):
@@ -159,11 +173,11 @@ def facts_problem(facts: Any) -> Optional[str]:
                 return "xid_events[%d].%s is a %s, expected a number" % (number, key, _kind(event.get(key)))
     summary = facts.get("xid_summary")
     if summary is not None:
-        if not isinstance(summary, Mapping):
+        if not _is_mapping(summary):
             return "xid_summary is a %s, expected a mapping" % _kind(summary)
-        if summary.get("by_xid") is not None and not isinstance(summary.get("by_xid"), Mapping):
+        if summary.get("by_xid") is not None and not _is_mapping(summary.get("by_xid")):
             return "xid_summary.by_xid is a %s, expected a mapping" % _kind(summary.get("by_xid"))
-        problem = _list_of(summary.get("fatal_xids"), "xid_summary.fatal_xids", (int, float), "a number")
+        problem = _list_of(summary.get("fatal_xids"), "xid_summary.fatal_xids", _is_number, "a number")
         if problem:
             return problem
     return None
@@ -238,6 +252,8 @@ class DriftEngine(object):
         self._resolved = {}  # type: Dict[Tuple[Any, ...], Tuple[Optional[str], Optional[str], Optional[str]]]
         self._policies = {}  # type: Dict[str, Any]
         self._mig = {}  # type: Dict[str, Any]
+        self._by_identity = {}  # type: Dict[int, Tuple[Any, Any]]
+        self._archs = {}  # type: Dict[Tuple[Any, ...], Any]
 
     # ----- memoised pieces
     def expected_branch(self, declared_driver: Mapping[str, Any], architectures: Tuple[str, ...]
@@ -278,14 +294,37 @@ class DriftEngine(object):
         self._resolved[key] = answer
         return answer
 
+    def architectures(self, gpus: List[Any]) -> Tuple[str, ...]:
+        """The node's GPU architectures (``branch_catalog.node_architectures``), memoised per
+        tuple of the GPUs' ``architecture`` values (fleets have few).
+
+        :raises branch_catalog.ResolutionError: for a value that is not an architecture.
+        """
+        key = tuple(gpu.get("architecture") if isinstance(gpu, dict) else gpu for gpu in gpus)
+        if key not in self._archs:
+            try:
+                self._archs[key] = tuple(branch_catalog.node_architectures(list(key), None)["architectures"])
+            except branch_catalog.ResolutionError as err:
+                self._archs[key] = err
+        found = self._archs[key]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
     def policy(self, spec: Mapping[str, Any]) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
         """Normalised policy (memoised per distinct spec) or the error text."""
+        known = self._by_identity.get(id(spec))
+        if known is not None and known[0] is spec:
+            return known[1]
         key = json.dumps(spec, sort_keys=True, default=str)
         if key not in self._policies:
             try:
                 self._policies[key] = (gpu_policy_plan.normalize_policy(dict(spec)), None)
             except gpu_policy_plan.PolicyError as err:
                 self._policies[key] = (None, "; ".join(err.errors))
+        # Nodes sharing a declaration share its dict: the next look-up is by identity (the spec is
+        # kept with its answer, so its id cannot be reused while the engine lives).
+        self._by_identity[id(spec)] = (spec, self._policies[key])
         return self._policies[key]
 
     def mig_entries(self, mig: Mapping[str, Any]) -> Tuple[Optional[List[Dict[str, Any]]], Optional[str]]:
@@ -304,7 +343,8 @@ class DriftEngine(object):
 
     # ----- one node
     def node_findings(self, node: str, klass: str, facts: Optional[Mapping[str, Any]],
-                      declared: Mapping[str, Any], facts_age_s: Optional[float] = None) -> List[Dict[str, Any]]:
+                      declared: Mapping[str, Any], facts_age_s: Optional[float] = None,
+                      checked: bool = False) -> List[Dict[str, Any]]:
         """Findings for one node.
 
         :param node: inventory name; :param klass: GPU class (group name).
@@ -313,6 +353,8 @@ class DriftEngine(object):
             one ``facts_missing`` finding whose ``actual`` says what is wrong.
         :param declared: :func:`declared_state` of the node's variables.
         :param facts_age_s: age of the facts in seconds (fact cache file time), if known.
+        :param checked: the caller has already found ``facts_problem(facts)`` to be ``None`` (a
+            fact source does, to say why a file is unusable); the shape is then not checked again.
         :returns: a list of findings ``{node, class, check, severity, gpu, expected, actual,
             message}`` (``gpu`` is an NVML index or ``None`` for node-wide findings).
         :raises: nothing for a wrongly shaped document; a value of a wrong type deeper in it (a
@@ -328,7 +370,7 @@ class DriftEngine(object):
         if facts is None or (isinstance(facts, Mapping) and facts.get("driver") is None):
             add("facts_missing", "no NVIDIA facts for this node (run gpu_facts, or check the fact cache)")
             return out
-        problem = facts_problem(facts)
+        problem = None if checked else facts_problem(facts)
         if problem:
             # A wrongly shaped document (a string, a list, a driver that is not a mapping...) is
             # no facts at all for this node; the other nodes are judged as usual.
@@ -379,8 +421,7 @@ class DriftEngine(object):
         loaded = driver.get("loaded_version") or driver.get("userspace_version")
         if want.get("branch") or want.get("version"):
             try:
-                info = branch_catalog.node_architectures(facts.get("gpus") or [], None)
-                archs = tuple(info["architectures"]) or tuple(
+                archs = self.architectures(facts.get("gpus") or []) or tuple(
                     branch_catalog.normalize_architecture(a) for a in want.get("architectures") or [])
             except (branch_catalog.ResolutionError, ValueError):
                 archs = ()
@@ -468,57 +509,118 @@ def _show(value: Any) -> str:
     return "none" if value is None else str(value)
 
 
-def build_report(nodes: Iterable[Mapping[str, Any]], engine: Optional[DriftEngine] = None,
-                 generated_at: Optional[str] = None, source: Optional[str] = None) -> Dict[str, Any]:
-    """Judge every node and roll the findings up per class and for the fleet.
+#: What :func:`judge_node` keeps of each GPU (``gpus`` of a node entry) for the Prometheus series.
+GPU_SUMMARY_FIELDS = ("index", "uuid", "serial", "pci_bus_id", "name", "persistence_mode", "compute_mode")
 
-    :param nodes: ``{"node": name, "class": group name, "facts": ansible_facts.nvidia | None,
-        "declared": declared_state(...), "facts_age_s": float | None}`` per node, any order.
-    :param engine: a :class:`DriftEngine` (a fresh one by default).
-    :param generated_at: ISO 8601 time to put in the report; :param source: where the facts came
-        from (``live``, ``dir:<path>``, ``jsonfile:<path>``).
-    :returns: ``{"generated_at", "source", "summary": {"nodes", "in_sync", "drifted", "missing",
-        "findings", "by_severity": {severity: n}, "by_check": {check: n}, "worst_severity"},
-        "classes": {class: {"nodes", "in_sync", "drifted", "missing", "by_check", "worst_severity",
-        "drifted_nodes": [names]}}, "nodes": {name: {"class", "in_sync", "worst_severity",
-        "findings": [...], "driver": {"loaded", "state"}}}, "findings": [all findings, node order]}``.
-        A node is ``in_sync`` when it has no finding above ``info``; ``missing`` when its facts
-        are missing, are not a facts document (:func:`facts_problem`) or could not be judged
-        (a value of a wrong type deep in them: ``AttributeError``, ``TypeError``, ``ValueError``,
-        ``KeyError``, ``IndexError`` of its checks); one such node never stops the report.
+
+def gpu_summaries(facts: Mapping[str, Any], findings: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """A compact record per GPU of a facts document, for per-GPU metrics.
+
+    :param facts: ``ansible_facts.nvidia`` (shape checked: :func:`facts_problem` is ``None``).
+    :param findings: the node's findings (``gpu`` is an NVML index or ``None``).
+    :returns: ``[{"index", "uuid", "serial", "pci_bus_id", "name", "persistence_mode" (bool|None),
+        "compute_mode" (str|None), "ecc_mode" (bool|None: ``ecc.mode_current``), "power": {"limit_w",
+        "enforced_limit_w", "default_limit_w", "min_limit_w", "max_limit_w"} (W, None unknown),
+        "remapped_rows": {"correctable", "uncorrectable", "pending", "failed"}, "fatal_xid_events"
+        (int: fatal Xid lines of the kernel log naming this GPU's PCI bus id), "findings" (int),
+        "worst_severity" (str|None)}]``. Sources: NVML (``nvmlDeviceGetEnforcedPowerLimit``,
+        ``nvmlDeviceGetRemappedRows``...) or ``nvidia-smi -q -x`` as read by ``gpu_facts``; Xids from
+        the kernel log (docs/facts.md).
+    """
+    fatal_by_bus = {}  # type: Dict[str, int]
+    for event in facts.get("xid_events") or []:
+        if event.get("fatal") and event.get("pci_bus_id"):
+            bus = str(event["pci_bus_id"]).lower()
+            fatal_by_bus[bus] = fatal_by_bus.get(bus, 0) + int(event.get("count") or 1)
+    by_index = {}  # type: Dict[Any, List[Dict[str, Any]]]
+    for finding in findings:
+        if finding.get("gpu") is not None:
+            by_index.setdefault(finding["gpu"], []).append(finding)
+    out = []
+    for gpu in facts.get("gpus") or []:
+        power = gpu.get("power") or {}
+        rows = gpu.get("remapped_rows") or {}
+        own = by_index.get(gpu.get("index"), [])
+        worst = max([severity_rank(f["severity"]) for f in own] or [-1])
+        entry = dict((key, gpu.get(key)) for key in GPU_SUMMARY_FIELDS)
+        entry.update({
+            "ecc_mode": (gpu.get("ecc") or {}).get("mode_current"),
+            "power": dict((key, power.get(key))
+                          for key in ("limit_w", "enforced_limit_w", "default_limit_w", "min_limit_w", "max_limit_w")),
+            "remapped_rows": dict((key, rows.get(key)) for key in ("correctable", "uncorrectable", "pending", "failed")),
+            "fatal_xid_events": fatal_by_bus.get(str(gpu.get("pci_bus_id") or "").lower(), 0),
+            "findings": len(own),
+            "worst_severity": SEVERITIES[worst] if worst >= 0 else None,
+        })
+        out.append(entry)
+    return out
+
+
+def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = "none") -> Dict[str, Any]:
+    """Judge one node: its entry of :func:`build_report`'s ``nodes``.
+
+    :param item: ``{"node", "class", "facts", "declared", "facts_age_s", "facts_checked" (bool,
+        optional: :func:`facts_problem` already ran), "hostname" (optional: the node's own host name,
+        ``uname -n``, when it is known and may differ from the inventory name)}``.
+    :param keep_gpus: ``none``, ``drifted`` (keep :func:`gpu_summaries` of a node that is not in
+        sync) or ``all``.
+    :returns: ``{"class", "in_sync", "missing", "worst_severity", "findings", "driver": {"loaded",
+        "userspace", "on_disk", "branch", "state"}}`` plus ``"gpus"`` when kept and ``"hostname"`` when given. A value of a wrong
+        type deep in the facts (``AttributeError``, ``TypeError``, ``ValueError``, ``KeyError``,
+        ``IndexError`` of a check) makes one ``facts_missing`` finding "could not be judged".
     :raises: nothing for any node's facts.
     """
-    engine = engine or DriftEngine()
+    name = item["node"]
+    klass = item.get("class") or "unclassified"
+    facts = item.get("facts")
+    try:
+        found = engine.node_findings(name, klass, facts, item.get("declared") or {}, item.get("facts_age_s"),
+                                     checked=bool(item.get("facts_checked")))
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as err:
+        found = [{"node": name, "class": klass, "check": "facts_missing", "severity": CHECKS["facts_missing"][0],
+                  "gpu": None, "expected": None, "actual": "%s: %s" % (type(err).__name__, err),
+                  "message": "the NVIDIA facts of this node could not be judged (%s: %s); run gpu_facts "
+                             "again" % (type(err).__name__, err)}]
+    worst = max([severity_rank(f["severity"]) for f in found] or [-1])
+    in_sync = worst < severity_rank("warning")
+    missing = any(f["check"] == "facts_missing" for f in found)
+    driver = facts.get("driver") if isinstance(facts, Mapping) else None
+    driver = driver if isinstance(driver, Mapping) else {}
+    entry = {
+        "class": klass,
+        "in_sync": in_sync,
+        "missing": missing,
+        "worst_severity": SEVERITIES[worst] if worst >= 0 else None,
+        "findings": found,
+        "driver": {"loaded": driver.get("loaded_version"), "userspace": driver.get("userspace_version"),
+                   "on_disk": driver.get("on_disk_version"), "branch": driver.get("branch"),
+                   "state": driver.get("state")},
+    }
+    if item.get("hostname"):
+        entry["hostname"] = item["hostname"]
+    if not missing and (keep_gpus == "all" or (keep_gpus == "drifted" and not in_sync)):
+        try:
+            entry["gpus"] = gpu_summaries(facts, found)
+        except (AttributeError, TypeError, ValueError):
+            entry["gpus"] = []
+    return entry
+
+
+def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional[str] = None,
+            source: Optional[str] = None) -> Dict[str, Any]:
+    """Roll judged nodes (``(name, judge_node(...))`` in node order) up per class and for the fleet.
+
+    :returns: the report of :func:`build_report`.
+    """
     summary = {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "findings": 0,
                "by_severity": dict((s, 0) for s in SEVERITIES), "by_check": {}, "worst_severity": None}
     classes = {}  # type: Dict[str, Dict[str, Any]]
     per_node = {}  # type: Dict[str, Dict[str, Any]]
     findings = []  # type: List[Dict[str, Any]]
-    for item in nodes:
-        name = item["node"]
-        klass = item.get("class") or "unclassified"
-        facts = item.get("facts")
-        try:
-            found = engine.node_findings(name, klass, facts, item.get("declared") or {}, item.get("facts_age_s"))
-        except (AttributeError, TypeError, ValueError, KeyError, IndexError) as err:
-            # A value of the wrong type deep in one node's facts: that node cannot be judged, the
-            # others still are.
-            found = [{"node": name, "class": klass, "check": "facts_missing", "severity": CHECKS["facts_missing"][0],
-                      "gpu": None, "expected": None, "actual": "%s: %s" % (type(err).__name__, err),
-                      "message": "the NVIDIA facts of this node could not be judged (%s: %s); run gpu_facts "
-                                 "again" % (type(err).__name__, err)}]
-        worst = max([severity_rank(f["severity"]) for f in found] or [-1])
-        in_sync = worst < severity_rank("warning")
-        missing = any(f["check"] == "facts_missing" for f in found)
-        driver = facts.get("driver") if isinstance(facts, Mapping) else None
-        driver = driver if isinstance(driver, Mapping) else {}
-        per_node[name] = {
-            "class": klass,
-            "in_sync": in_sync,
-            "worst_severity": SEVERITIES[worst] if worst >= 0 else None,
-            "findings": found,
-            "driver": {"loaded": driver.get("loaded_version"), "state": driver.get("state")},
-        }
+    for name, node in judged:
+        klass = node["class"]
+        missing = node.pop("missing")
+        per_node[name] = node
         entry = classes.setdefault(klass, {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "by_check": {},
                                            "worst_severity": None, "drifted_nodes": []})
         entry["nodes"] += 1
@@ -526,16 +628,16 @@ def build_report(nodes: Iterable[Mapping[str, Any]], engine: Optional[DriftEngin
         if missing:
             entry["missing"] += 1
             summary["missing"] += 1
-        if in_sync:
+        if node["in_sync"]:
             entry["in_sync"] += 1
             summary["in_sync"] += 1
         else:
             entry["drifted"] += 1
             summary["drifted"] += 1
             entry["drifted_nodes"].append(name)
-        if severity_rank(per_node[name]["worst_severity"]) > severity_rank(entry["worst_severity"]):
-            entry["worst_severity"] = per_node[name]["worst_severity"]
-        for finding in found:
+        if severity_rank(node["worst_severity"]) > severity_rank(entry["worst_severity"]):
+            entry["worst_severity"] = node["worst_severity"]
+        for finding in node["findings"]:
             summary["findings"] += 1
             summary["by_severity"][finding["severity"]] += 1
             summary["by_check"][finding["check"]] = summary["by_check"].get(finding["check"], 0) + 1
@@ -545,6 +647,34 @@ def build_report(nodes: Iterable[Mapping[str, Any]], engine: Optional[DriftEngin
     summary["worst_severity"] = SEVERITIES[worst_all] if worst_all >= 0 else None
     return {"generated_at": generated_at, "source": source, "summary": summary, "classes": classes,
             "nodes": per_node, "findings": findings}
+
+
+def build_report(nodes: Iterable[Mapping[str, Any]], engine: Optional[DriftEngine] = None,
+                 generated_at: Optional[str] = None, source: Optional[str] = None,
+                 keep_gpus: str = "none") -> Dict[str, Any]:
+    """Judge every node and roll the findings up per class and for the fleet.
+
+    :param nodes: ``{"node": name, "class": group name, "facts": ansible_facts.nvidia | None,
+        "declared": declared_state(...), "facts_age_s": float | None}`` per node, any order.
+    :param engine: a :class:`DriftEngine` (a fresh one by default).
+    :param generated_at: ISO 8601 time to put in the report; :param source: where the facts came
+        from (``live``, ``dir:<path>``, ``jsonfile:<path>``).
+    :param keep_gpus: which nodes keep their GPUs' :func:`gpu_summaries` (``none``, ``drifted``, ``all``).
+    :returns: ``{"generated_at", "source", "summary": {"nodes", "in_sync", "drifted", "missing",
+        "findings", "by_severity": {severity: n}, "by_check": {check: n}, "worst_severity"},
+        "classes": {class: {"nodes", "in_sync", "drifted", "missing", "by_check", "worst_severity",
+        "drifted_nodes": [names]}}, "nodes": {name: {"class", "in_sync", "worst_severity",
+        "findings": [...], "driver": {"loaded", "userspace", "on_disk", "branch", "state"}, "gpus"
+        (when kept)}}, "findings": [all findings, node order]}``.
+        A node is ``in_sync`` when it has no finding above ``info``; ``missing`` when its facts
+        are missing, are not a facts document (:func:`facts_problem`) or could not be judged
+        (a value of a wrong type deep in them: ``AttributeError``, ``TypeError``, ``ValueError``,
+        ``KeyError``, ``IndexError`` of its checks); one such node never stops the report.
+    :raises: nothing for any node's facts.
+    """
+    engine = engine or DriftEngine()
+    return roll_up(((item["node"], judge_node(item, engine, keep_gpus)) for item in nodes),
+                   generated_at=generated_at, source=source)
 
 
 def exit_code(report: Mapping[str, Any], report_only: bool = False, fail_on: str = "warning") -> int:

@@ -53,8 +53,10 @@ options:
     default: gpu_
   declared_from:
     description:
-      - V(host) reads the declared variables of every node (host_vars overrides count).
-      - V(class) reads them from the first node of each class only (faster on large inventories).
+      - V(host) reads the declared variables of every node (host_vars overrides count). Nodes that
+        share their groups with variables and their own declared variables share one reading; a node
+        with a C(host_vars) entry, or whose declared variables are templates, is read on its own.
+      - V(class) reads them from the first node of each class only (host_vars overrides are not seen).
     type: str
     choices: [host, class]
     default: host
@@ -78,8 +80,29 @@ options:
     choices: [json, markdown, prometheus]
     default: [json, markdown, prometheus]
   prometheus_path:
-    description: Path of the Prometheus textfile (for node_exporter's textfile collector directory).
+    description:
+      - Path of the Prometheus textfile (for node_exporter's textfile collector directory), written
+        with the Python package C(prometheus_client) on the controller.
     type: path
+  prometheus_gpus:
+    description:
+      - Which GPUs get per-GPU series (labelled as dcgm-exporter's C(DCGM_FI_*) series are).
+      - V(drifted) the GPUs of every node that is not in sync; V(all) every GPU (about ten series per
+        GPU, about 2.5 kB of file per GPU); V(none) no per-GPU series.
+    type: str
+    choices: [none, drifted, all]
+    default: drifted
+  rollout_report:
+    description:
+      - A rollout report (C(rollout-report.json), or the rollout's report directory holding it) whose
+        metrics are added to the Prometheus textfile.
+    type: path
+  workers:
+    description:
+      - Processes that read and judge the nodes; V(0) is one per usable CPU. Fewer than 400 nodes are
+        judged in one process.
+    type: int
+    default: 0
   report_only:
     description: Never fail on drift; only report.
     type: bool

@@ -1,12 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.nvidia contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Render a drift report (``module_utils.drift.build_report``) as JSON, Markdown and a Prometheus textfile.
+"""Render a drift report (``module_utils.drift.build_report``) as JSON and Markdown.
 
-Controller side: Markdown is rendered with Jinja2 (shipped with ansible-core). The Prometheus
-output follows the text exposition format (``# HELP`` / ``# TYPE`` lines, label values escaped
-for ``\\``, ``"`` and newlines), for node_exporter's textfile collector; write it to a
-``*.prom`` file atomically (:func:`write_atomic`).
+Controller side: Markdown is rendered with Jinja2 (shipped with ansible-core), JSON with
+``msgspec`` when it is installed (else the standard library). Write either atomically with
+:func:`write_atomic`. The Prometheus textfile is ``drift_prometheus``'s.
 """
 
 from __future__ import annotations
@@ -14,9 +13,14 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from typing import Any, Dict, List, Mapping
+from typing import Any, Mapping
 
 from jinja2 import Environment, StrictUndefined
+
+try:
+    import msgspec
+except ImportError:  # the standard library is the fallback
+    msgspec = None
 
 _MARKDOWN = """\
 # GPU fleet drift report
@@ -82,72 +86,19 @@ def _rank(severity: str) -> int:
     return {"info": 0, "warning": 1, "critical": 2}.get(severity, -1)
 
 
-def _label(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
-
-
-def _labels(**labels: Any) -> str:
-    return "{" + ",".join('%s="%s"' % (key, _label(labels[key])) for key in sorted(labels)) + "}"
-
-
-def render_prometheus(report: Mapping[str, Any], timestamp: float) -> str:
-    """The report as Prometheus text exposition format.
-
-    Metrics: ``gpufleet_drift_node_in_sync{node,class}`` (1/0),
-    ``gpufleet_drift_node_findings{node,class,severity}``,
-    ``gpufleet_drift_class_nodes{class,status}`` (status ``in_sync``/``drifted``/``missing``),
-    ``gpufleet_drift_findings{check,severity}``, ``gpufleet_drift_nodes``,
-    ``gpufleet_driver_info{node,class,version,state}`` (1),
-    ``gpufleet_drift_report_timestamp_seconds``.
-
-    :param timestamp: epoch seconds of the run.
-    """
-    lines = []  # type: List[str]
-
-    def family(name: str, kind: str, text: str) -> None:
-        lines.append("# HELP %s %s" % (name, text))
-        lines.append("# TYPE %s %s" % (name, kind))
-
-    nodes = report["nodes"]
-    family("gpufleet_drift_node_in_sync", "gauge", "1 when the node matches its class's declared state.")
-    for name in sorted(nodes):
-        lines.append("gpufleet_drift_node_in_sync%s %d" % (_labels(node=name, **{"class": nodes[name]["class"]}),
-                                                           1 if nodes[name]["in_sync"] else 0))
-    family("gpufleet_drift_node_findings", "gauge", "Drift findings per node and severity.")
-    for name in sorted(nodes):
-        counts = {"info": 0, "warning": 0, "critical": 0}  # type: Dict[str, int]
-        for finding in nodes[name]["findings"]:
-            counts[finding["severity"]] += 1
-        for severity in ("critical", "warning", "info"):
-            lines.append("gpufleet_drift_node_findings%s %d" % (
-                _labels(node=name, severity=severity, **{"class": nodes[name]["class"]}), counts[severity]))
-    family("gpufleet_driver_info", "gauge", "Loaded NVIDIA driver version and driver state per node.")
-    for name in sorted(nodes):
-        driver = nodes[name]["driver"]
-        lines.append("gpufleet_driver_info%s 1" % _labels(node=name, version=driver.get("loaded") or "",
-                                                          state=driver.get("state") or "unknown",
-                                                          **{"class": nodes[name]["class"]}))
-    family("gpufleet_drift_class_nodes", "gauge", "Nodes per GPU class and drift status.")
-    for klass, entry in sorted(report["classes"].items()):
-        for status in ("in_sync", "drifted", "missing"):
-            lines.append("gpufleet_drift_class_nodes%s %d" % (_labels(status=status, **{"class": klass}),
-                                                              entry[status]))
-    family("gpufleet_drift_findings", "gauge", "Drift findings in the fleet per check and severity.")
-    totals = {}  # type: Dict[tuple, int]
-    for finding in report["findings"]:
-        key = (finding["check"], finding["severity"])
-        totals[key] = totals.get(key, 0) + 1
-    for (check, severity), count in sorted(totals.items()):
-        lines.append("gpufleet_drift_findings%s %d" % (_labels(check=check, severity=severity), count))
-    family("gpufleet_drift_nodes", "gauge", "Nodes judged by the drift report.")
-    lines.append("gpufleet_drift_nodes %d" % report["summary"]["nodes"])
-    family("gpufleet_drift_report_timestamp_seconds", "gauge", "When the drift report ran (epoch seconds).")
-    lines.append("gpufleet_drift_report_timestamp_seconds %d" % int(timestamp))
-    return "\n".join(lines) + "\n"
-
-
 def render_json(report: Mapping[str, Any]) -> str:
-    """The report as indented JSON text (keys sorted)."""
+    """The report as indented JSON text (keys sorted), with ``msgspec`` when it is installed.
+
+    A value JSON has no type for is written as its ``str``. ``msgspec`` indents by two spaces and
+    writes a NaN as ``null``; the standard library (the fallback, and for a key that is not a
+    string, which sorting with ``msgspec`` refuses) indents by one and writes ``NaN``.
+    """
+    if msgspec is not None:
+        try:
+            return msgspec.json.format(msgspec.json.encode(report, enc_hook=str, order="sorted"),
+                                       indent=2).decode("utf-8") + "\n"
+        except (TypeError, msgspec.EncodeError):
+            pass
     return json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
 
 

@@ -99,8 +99,12 @@ def test_drift_playbook_from_a_fact_directory(fleet_dir):
     markdown = (fleet_dir / "out" / "drift-report.md").read_text()
     assert "| gpu_h100 | 3 | 1 | 2 | 1 | critical | facts_missing 1, power_limit_w 8 |" in markdown
     prom = (fleet_dir / "out" / "gpufleet_drift.prom").read_text()
-    assert 'gpufleet_drift_node_in_sync{class="gpu_v100",node="v1"} 1' in prom
-    assert 'gpufleet_drift_node_findings{class="gpu_h100",node="h2",severity="warning"} 8' in prom
+    assert 'gpufleet_drift_node_in_sync{Hostname="v1",class="gpu_v100",node="v1"} 1.0' in prom
+    assert 'gpufleet_drift_node_findings{Hostname="h2",class="gpu_h100",node="h2",severity="warning"} 8.0' in prom
+    # h2 drifted: its GPUs have series with dcgm-exporter's labels; in-sync h1's do not (prometheus_gpus=drifted).
+    assert ('gpufleet_gpu_power_limit_watts{Hostname="h2",UUID="GPU-3",gpu="3",limit="enforced",modelName="NVIDIA H100 '
+            '80GB HBM3",pci_bus_id=""} 700.0') in prom
+    assert 'gpufleet_gpu_info{Hostname="h1"' not in prom
 
 
 def test_drift_playbook_report_only_exits_zero(fleet_dir):
@@ -166,3 +170,105 @@ def test_fact_files_of_the_wrong_shape_are_source_errors_not_a_failed_report(fle
     assert report["source_errors"]["v1"].endswith("v1.json: not a facts document: driver is a str, expected a mapping")
     assert report["nodes"]["h1"]["in_sync"] is True
     assert [f["check"] for f in report["nodes"]["v1"]["findings"]] == ["facts_missing"]
+
+
+def test_templated_declarations_are_read_per_host_and_host_vars_count(tmp_path):
+    # gpu_h100 declares its GPU count through a template of a host variable: each host gets its own.
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "hosts.yml").write_text(
+        "all:\n  children:\n    gpu_h100:\n      hosts:\n        h1: {gpus_here: 8}\n        h2: {gpus_here: 4}\n"
+        "        h3: {gpus_here: 8}\n      vars:\n        gpufleet_gpu_count: \"{{ gpus_here }}\"\n"
+        "    gpu_v100:\n      hosts:\n        v1: {}\n        v2: {}\n      vars:\n        gpu_policy_power_limit_w: 300\n")
+    (tmp_path / "inventory" / "host_vars").mkdir()
+    (tmp_path / "inventory" / "host_vars" / "v2.yml").write_text("gpu_policy_power_limit_w: 250\n")
+    facts_dir = tmp_path / "facts"
+    facts_dir.mkdir()
+    for host in ("h1", "h2", "h3"):
+        (facts_dir / ("%s.json" % host)).write_text(json.dumps(facts("Hopper", "NVIDIA H100 80GB HBM3", "620.70.06", 700.0)))
+    for host in ("v1", "v2"):
+        (facts_dir / ("%s.json" % host)).write_text(json.dumps(facts("Volta", "Tesla V100-SXM2-32GB", "580.95.05", 300.0)))
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               ANSIBLE_LOCALHOST_WARNING="False")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "inventory",
+                           "-e", "ansible_python_interpreter=%s" % sys.executable,
+                           os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=dir",
+                           "-e", "drift_path=%s" % facts_dir, "-e", "drift_output_dir=out", "-e", "drift_report_only=true"],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "out" / "drift-report.json").read_text())
+    # h2 declares 4 GPUs (its own gpus_here) and has 8; v2's host_vars ask 250 W on GPUs at 300 W.
+    assert sorted(n for n, node in report["nodes"].items() if not node["in_sync"]) == ["h2", "v2"]
+    assert [(f["check"], f["expected"], f["actual"]) for f in report["nodes"]["h2"]["findings"]] == [("gpu_count", 4, 8)]
+    assert {f["check"] for f in report["nodes"]["v2"]["findings"]} == {"power_limit_w"}
+
+
+def _fleet_cache():
+    sys.path.insert(0, os.path.join(REPO, "benchmarks", "drift"))
+    try:
+        import fleet_cache  # pylint: disable=import-outside-toplevel
+    finally:
+        sys.path.pop(0)
+    return fleet_cache
+
+
+@pytest.fixture(scope="module")
+def real_cache(tmp_path_factory):
+    """A 40-node cache in both forms, multiplied from setup + gpu_facts output of one real run."""
+    fleet_cache = _fleet_cache()
+    root = tmp_path_factory.mktemp("cache")
+    (root / "seed").mkdir()
+    seed = fleet_cache.seed_cache(str(root / "seed"), sys.executable)
+    fleet = fleet_cache.write_fleet(str(root / "fleet"), seed, 40, drift_every=7, missing_every=13, override_every=10)
+    return fleet_cache, fleet
+
+
+@pytest.mark.parametrize("form,declared_from", [("cache_219", "host"), ("cache_awx", "host"), ("cache_219", "class")])
+def test_counts_on_a_generated_cache_in_both_forms(real_cache, tmp_path, form, declared_from):
+    fleet_cache, fleet = real_cache
+    if form == "cache_219":
+        assert sorted(os.listdir(fleet[form]))[0] == "s1_h100-00000"
+        assert json.loads((open(os.path.join(fleet[form], "s1_h100-00000")).read())).keys() == {"__payload__"}
+    else:
+        assert "ansible_nodename" in json.loads(open(os.path.join(fleet[form], "h100-00000")).read())
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               ANSIBLE_LOCALHOST_WARNING="False")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", fleet["inventory"],
+                           "-e", "ansible_python_interpreter=%s" % sys.executable,
+                           os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=jsonfile",
+                           "-e", "drift_path=%s" % fleet[form], "-e", "drift_output_dir=out", "-e", "drift_report_only=true",
+                           "-e", "drift_declared_from=%s" % declared_from, "-e", "drift_workers=2"],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((tmp_path / "out" / "drift-report.json").read_text())["summary"]
+    got = dict((key, summary[key]) for key in ("nodes", "in_sync", "drifted", "missing"))
+    # Nodes 12, 25, 38 have no file; 6, 13, 20, 27, 34 drift (power, persistence, version, GPU lost,
+    # power); 5, 15, 35 declare 650 W in host_vars and run 650 W: drifted only when host_vars are not read.
+    if declared_from == "host":
+        assert got == {"nodes": 40, "in_sync": 32, "drifted": 8, "missing": 3}
+    else:
+        assert got == {"nodes": 40, "in_sync": 29, "drifted": 11, "missing": 3}
+    assert got == fleet_cache.expected_counts(fleet["layout"], declared_from)
+    assert summary["by_check"]["gpu_count"] == 1 and summary["by_check"]["facts_missing"] == 3
+
+
+def test_rollout_report_metrics_join_the_textfile_and_a_bad_one_is_refused(fleet_dir):
+    rollout_dir = fleet_dir / "rollout"
+    rollout_dir.mkdir()
+    (rollout_dir / "rollout-report.json").write_text(json.dumps({
+        "rollout_id": "r1", "status": "stopped", "stop_reason": "canary node a1 failed: gpu_count",
+        "nodes": [{"node": "h1", "class": "gpu_h100", "stage": "golden", "result": "upgraded"},
+                  {"node": "a1", "class": "gpu_a100", "stage": "canary", "result": "rolled_back"}],
+        "stages": [{"name": "golden", "counts": {"upgraded": 1}}, {"name": "canary", "counts": {"rolled_back": 1}}],
+        "budgets": {"gpu_a100": {"nodes": 1, "free": 0, "out_of_service": 1, "failed": 1, "failure_budget": 1}}}))
+    args = [os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=dir",
+            "-e", "drift_path=%s" % (fleet_dir / "facts"), "-e", "drift_output_dir=out", "-e", "drift_report_only=true"]
+    proc = run_playbook(fleet_dir, *(args + ["-e", "drift_rollout_report=%s" % rollout_dir]))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    prom = (fleet_dir / "out" / "gpufleet_drift.prom").read_text()
+    assert 'gpufleet_rollout_nodes{class="gpu_a100",result="rolled_back",rollout_id="r1"} 1.0' in prom
+    assert 'gpufleet_rollout_stopped{rollout_id="r1"} 1.0' in prom
+    assert 'gpufleet_rollout_failure_budget_left_nodes{class="gpu_a100",rollout_id="r1"} 0.0' in prom
+    (rollout_dir / "rollout-report.json").write_text("[]")
+    proc = run_playbook(fleet_dir, *(args + ["-e", "drift_rollout_report=%s" % rollout_dir]))
+    assert proc.returncode != 0
+    assert "is not a rollout report (no list of nodes)" in proc.stdout + proc.stderr

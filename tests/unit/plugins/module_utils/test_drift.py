@@ -197,7 +197,9 @@ def test_build_report_per_node_and_per_class():
     assert summary["by_check"] == {"driver_branch": 1, "facts_missing": 1}
     assert report["classes"]["gpu_h100"]["drifted_nodes"] == ["h2", "h3"]
     assert report["classes"]["gpu_v100"]["in_sync"] == 1
-    assert report["nodes"]["v1"]["driver"] == {"loaded": "580.95.05", "state": "ok"}
+    assert report["nodes"]["v1"]["driver"] == {"loaded": "580.95.05", "userspace": "580.95.05", "on_disk": "580.95.05",
+                                               "branch": "580", "state": "ok"}
+    assert "gpus" not in report["nodes"]["v1"]
     assert exit_code(report) == 2
     assert exit_code(report, report_only=True) == 0
     assert exit_code(build_report(_fleet()[:1])) == 0
@@ -209,7 +211,7 @@ def test_every_check_has_a_known_severity():
     assert set(sev for sev, _text in CHECKS.values()) <= {"info", "warning", "critical"}
 
 
-def test_outputs_markdown_prometheus_json():
+def test_outputs_markdown_json():
     report = build_report(_fleet(), generated_at="2026-11-29T12:00:00Z", source="dir:facts")
     markdown = drift_output.render_markdown(report)
     assert "**4 nodes: 2 in sync, 2 drifted (1 without facts).**" in markdown
@@ -218,15 +220,6 @@ def test_outputs_markdown_prometheus_json():
             "(ltsb resolves to R620 for Hopper) |") in markdown
     limited = drift_output.render_markdown(report, max_findings=1)
     assert "… and 1 more findings" in limited
-    prom = drift_output.render_prometheus(report, 1796000000)
-    assert 'gpufleet_drift_node_in_sync{class="gpu_h100",node="h2"} 0' in prom
-    assert 'gpufleet_drift_node_in_sync{class="gpu_v100",node="v1"} 1' in prom
-    assert 'gpufleet_drift_class_nodes{class="gpu_h100",status="drifted"} 2' in prom
-    assert 'gpufleet_driver_info{class="gpu_v100",node="v1",state="ok",version="580.95.05"} 1' in prom
-    assert 'gpufleet_drift_findings{check="driver_branch",severity="critical"} 1' in prom
-    assert "gpufleet_drift_report_timestamp_seconds 1796000000" in prom
-    for line in prom.splitlines():
-        assert line.startswith("#") or line.split(" ")[-1].isdigit()
     assert json.loads(drift_output.render_json(report))["summary"]["drifted"] == 2
 
 
@@ -360,7 +353,8 @@ def test_wrongly_shaped_documents_are_missing_facts_and_the_report_goes_on():
         assert checks(node["findings"]) == ["facts_missing"], name
         assert "not a facts document" in node["findings"][0]["message"], name
     for name in ("driver_str", "text", "list"):
-        assert report["nodes"][name]["driver"] == {"loaded": None, "state": None}
+        assert report["nodes"][name]["driver"] == {"loaded": None, "userspace": None, "on_disk": None, "branch": None,
+                                                   "state": None}
     assert report["nodes"]["driver_str"]["findings"][0]["actual"] == "driver is a str, expected a mapping"
     assert report["nodes"]["gpu_str"]["findings"][0]["actual"] == "gpus[0] is a str, expected a mapping"
     assert report["summary"]["missing"] == 1 + len(WRONG_SHAPES) + 2
