@@ -31,7 +31,9 @@ A bad driver fails a given fraction of nodes at verification with one signature 
 Each scenario runs ``--runs`` seeds: no bad driver; a driver that breaks every node; a driver
 that breaks 2 % of nodes. ``--json`` prints one object: ``{"nodes", "runs", "policies": {name:
 {completion_h, capacity_floor_h, completion_over_floor, max_out_of_service_pct, budget_pct,
-false_stops, bad_all_wave_nodes_touched, bad_2pct_failed_total, ...}}}``.
+false_stops, bad_all_wave_nodes_touched, bad_2pct_failed_total, ...}}}``; for ``default`` also
+``stage_bound_over_floor``: the median over the clean runs of :func:`stage_bound_h` (the least
+any golden → canary → waves schedule could take, knowing every drain) over the capacity floor.
 """
 
 from __future__ import annotations
@@ -430,11 +432,35 @@ def policies():
     ]
 
 
+def stage_bound_h(fleet):
+    """A lower bound on any staged rollout of this fleet, in hours, even one that knew every drain.
+
+    A class's wave node cannot start before its golden node and at least one of its canary nodes
+    have passed (their transaction and soak, one after the other), so the rollout cannot end before
+    ``golden + quickest canary + the wave node's own transaction`` for its slowest wave node.
+    Capacity, the window and failures are left out: the bound only grows with them.
+    """
+    first = {}
+    for stage in ("golden", "canary"):
+        for node in fleet.nodes:
+            if node["stage"] == stage:
+                length = node["drain_s"] + node["work_s"] + SOAK_S
+                key = (node["class"], stage)
+                first[key] = min(first.get(key, length), length)
+    bound = 0.0
+    for node in fleet.nodes:
+        if node["stage"] == "waves":
+            gates = first.get((node["class"], "golden"), 0.0) + first.get((node["class"], "canary"), 0.0)
+            bound = max(bound, gates + node["drain_s"] + node["work_s"])
+    return bound / 3600.0
+
+
 def _one(args):
     index, size, seed, bad = args
     policy = policies()[index]
     fleet = Fleet(size, seed, bad)
-    return index, bad, fleet.mean_transaction_s(), fleet.class_sizes(), Run(fleet, policy).go()
+    bound = stage_bound_h(fleet)
+    return index, bad, fleet.mean_transaction_s(), fleet.class_sizes(), dict(Run(fleet, policy).go(), bound_h=bound)
 
 
 def capacity_floor_h(policy, sizes, mean_s):
@@ -484,6 +510,10 @@ def simulate(size, runs, processes):
             "bad_2pct_stopped_runs": len([r for r in mine if r[1] == 0.02 and r[4]["stopped"]]),
             "clean_failed_median": statistics.median(r[4]["failed"] for r in clean),
         }
+        if policy.name == "default":
+            # What stage order alone costs: even a schedule that knew every drain needs this much.
+            out[policy.name]["stage_bound_over_floor"] = round(
+                statistics.median(r[4]["bound_h"] for r in clean) / floor, 2)
     return {"nodes": size, "runs": runs, "classes": dict(CLASSES), "mean_transaction_min": round(mean_s / 60.0, 1),
             "failures_per_gpu_day": FAILURES_PER_GPU_DAY, "policies": out}
 
