@@ -239,17 +239,19 @@ def stand_ins(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, str]]:
 
     Per class, each golden or canary node that failed before its install began (:func:`blameless`)
     is replaced by the class's next wave node in priority order, golden places first. A wave node
-    out of service and still pending is passed over (it cannot start); a stand-in that itself
-    fails blamelessly is replaced by the next one. The choice depends only on the nodes' states, so
-    every step makes the same one, and a stand-in keeps its place once it has started.
+    out of service and still pending is passed over (it cannot start), and so is one that had
+    already finished when the node it would replace failed (``finished_at``: it did not run as a
+    stand-in); a stand-in that itself fails blamelessly is replaced by the next one. The choice
+    depends only on the nodes' states, so every step makes the same one, and a stand-in keeps its
+    place once it has started.
 
     :param nodes: as for :func:`decide`.
     :returns: ``{wave node: {"stage": "golden" | "canary", "replaces": node name}}``.
     """
-    need = {}  # type: Dict[str, List[Tuple[str, str]]]
+    need = {}  # type: Dict[str, List[Tuple[str, str, Any]]]
     for node in nodes:
         if node.get("stage") in ("golden", "canary") and blameless(node):
-            need.setdefault(node["class"], []).append((node["stage"], node["name"]))
+            need.setdefault(node["class"], []).append((node["stage"], node["name"], node.get("finished_at")))
     out = {}  # type: Dict[str, Dict[str, str]]
     if not need:
         return out
@@ -261,10 +263,13 @@ def stand_ins(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, str]]:
             continue
         if node.get("status") == "pending" and node.get("out_of_service"):
             continue
-        stage, replaced = places[0]
+        stage, replaced, failed_at = places[0]
+        if node.get("status") in ("done", "failed") and None not in (node.get("finished_at"), failed_at) \
+                and float(node["finished_at"]) < float(failed_at):
+            continue
         out[node["name"]] = {"stage": stage, "replaces": replaced}
         if blameless(node):
-            places[0] = (stage, node["name"])
+            places[0] = (stage, node["name"], node.get("finished_at"))
         else:
             places.pop(0)
     return out

@@ -322,3 +322,17 @@ def test_each_failure_after_the_install_slows_the_window():
     decision = rb.decide(nodes, OPTIONS)
     # One failure (in either class): 1 + 2 x 21 / 2 = 22 each.
     assert decision["stop"] is None and len(decision["start"]) == 44
+
+
+def test_a_wave_node_finished_before_the_failure_is_no_stand_in():
+    nodes = fleet({"gpu_h100": 40}, canary=2)
+    named = by_name(nodes)
+    for name in ("gpu_h100-00", "gpu_h100-01"):
+        named[name].update(status="done", finished_at=100.0)
+    # The canary drained for hours; meanwhile the waves opened and one wave node failed its install.
+    named["gpu_h100-03"].update(status="failed", signature="xid 79", implicates_driver=True, finished_at=200.0)
+    named["gpu_h100-04"].update(status="done", finished_at=250.0)
+    named["gpu_h100-02"].update(status="failed", signature="drain failed", implicates_driver=False, finished_at=300.0)
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stand_ins"] == {"gpu_h100-05": {"stage": "canary", "replaces": "gpu_h100-02"}}
+    assert decision["stop"] is None and decision["stages"] == {"gpu_h100": "waves"}
