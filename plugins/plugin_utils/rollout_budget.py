@@ -239,7 +239,8 @@ def stand_ins(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, str]]:
 
     Per class, each golden or canary node that failed before its install began (:func:`blameless`)
     is replaced by the class's next wave node in priority order, golden places first. A wave node
-    out of service and still pending is passed over (it cannot start), and so is one that had
+    out of service and still pending, or refused by its preflight, is passed over (it cannot
+    run), and so is one that had
     already finished when the node it would replace failed (``finished_at``: it did not run as a
     stand-in); a stand-in that itself fails blamelessly is replaced by the next one. The choice
     depends only on the nodes' states, so every step makes the same one, and a stand-in keeps its
@@ -261,7 +262,7 @@ def stand_ins(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, str]]:
         places = need.get(node["class"])
         if not places or node.get("stage", "waves") != "waves":
             continue
-        if node.get("status") == "pending" and node.get("out_of_service"):
+        if (node.get("status") == "pending" and node.get("out_of_service")) or node.get("status") == "refused":
             continue
         stage, replaced, failed_at = places[0]
         if node.get("status") in ("done", "failed") and None not in (node.get("finished_at"), failed_at) \

@@ -274,6 +274,9 @@ def test_a_canary_that_failed_before_its_install_is_replaced_by_a_stand_in():
     named["gpu_h100-01"]["status"] = "done"
     named["gpu_h100-02"].update(status="failed", signature="drain failed", implicates_driver=False)
     named["gpu_h100-03"]["out_of_service"] = True      # cannot start: passed over
+    # A wave node refused by its preflight cannot stand in: the next one does.
+    refused = [dict(n, status="refused") if n["name"] == "gpu_h100-04" else n for n in nodes]
+    assert rb.stand_ins(refused) == {"gpu_h100-05": {"stage": "canary", "replaces": "gpu_h100-02"}}
     decision = rb.decide(nodes, OPTIONS)
     assert decision["stop"] is None and decision["quarantined"] == ["gpu_h100-02"]
     assert decision["stand_ins"] == {"gpu_h100-04": {"stage": "canary", "replaces": "gpu_h100-02"}}
