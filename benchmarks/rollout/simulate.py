@@ -26,12 +26,14 @@ failures strike any node at any time at the Llama 3 405B rate (419 interruptions
 16,384 H100: 4.74e-4 per GPU-day), with the signatures in the proportions that run reported; a
 node struck in its transaction fails its verification (the rollout cannot tell it from the
 driver), a node struck outside one is out of service until repaired (log-normal, median 24 h).
-A bad driver fails a given fraction of nodes at verification with one signature (Xid 119).
+A bad driver fails a given fraction of nodes at verification with one signature (Xid 79, "GPU has fallen off the bus").
 
 Each scenario runs ``--runs`` seeds: no bad driver; a driver that breaks every node; a driver
 that breaks 2 % of nodes. ``--json`` prints one object: ``{"nodes", "runs", "policies": {name:
 {completion_h, capacity_floor_h, completion_over_floor, max_out_of_service_pct, budget_pct,
-false_stops, bad_all_wave_nodes_touched, bad_2pct_failed_total, ...}}}``.
+false_stops, bad_all_wave_nodes_touched, bad_2pct_failed_total, ...}}}``; for ``default`` also
+``stage_bound_over_floor``: the median over the clean runs of :func:`stage_bound_h` (the least
+any golden → canary → waves schedule could take, knowing every drain) over the capacity floor.
 """
 
 from __future__ import annotations
@@ -154,6 +156,7 @@ class Run(object):
     def start(self, name):
         node = self.fleet.by_name[name]
         node["status"] = "in_flight"
+        node["started_at"] = self.now
         node["struck"] = False
         node["draining"] = True
         if node["stage"] == "waves":
@@ -163,24 +166,54 @@ class Run(object):
         soak = self.policy.node_soak_s(node["stage"])
         self._schedule(self.now + node["drain_s"] + node["work_s"] + soak, "end", name)
 
-    def _end(self, node):
-        if node["bad"] or node.get("struck"):
-            node["status"] = "failed"
-            node["signature"] = BAD_SIGNATURE if node["bad"] else node["struck_signature"]
-            node["implicates_driver"] = True
+    def _fail(self, node, signature, marks):
+        """The node's transaction ends failed; its record goes through the report's own verdict."""
+        record = {"result": "failed", "marks": marks, "flags": [], "new_fatal_xids": {}}
+        if signature.startswith("xid "):
+            record["new_fatal_xids"] = {signature[4:]: 1}
         else:
-            node["status"] = "done"
+            record["flags"] = [signature]
+        verdict = rollout_budget.failure_signature(record)
+        node["status"] = "failed"
+        node["signature"] = verdict["signature"]
+        node["implicates_driver"] = verdict["implicates_driver"]
         node["finished_at"] = self.now
         self._touch(node)
 
-    def sample(self):
-        """The most of any class out of service right after the rollout chose."""
+    def _drained(self, node):
+        """A node struck while it waited for its drain fails there, before its install began."""
+        node["draining"] = False
+        if node.get("struck"):
+            self._fail(node, node["struck_signature"], {"started": node["started_at"]})
+            return True
+        return False
+
+    def _end(self, node):
+        marks = {"started": node["started_at"], "drained": 0.0, "snapshot": 0.0, "installed": 0.0, "rebooted": 0.0}
+        if node["bad"]:
+            self._fail(node, BAD_SIGNATURE, marks)
+        elif node.get("struck"):
+            self._fail(node, node["struck_signature"], marks)
+        else:
+            node["status"] = "done"
+            node["finished_at"] = self.now
+            self._touch(node)
+
+    def sample(self, started):
+        """The most of a class out of service right after the rollout chose to start nodes of it.
+
+        The issue's measure: the nodes the rollout took out plus those already out when it chose.
+        A node failing on its own between two choices counts from the next choice that starts a
+        node of its class (a class the rollout starts nothing in is not the rollout's doing).
+        """
+        classes = set(self.fleet.by_name[name]["class"] for name in started)
         counts = {}
         for node in self.fleet.nodes:
-            if node["status"] in ("in_flight", "failed") or node.get("out_of_service"):
+            if node["class"] in classes and (node["status"] in ("in_flight", "failed") or node.get("out_of_service")):
                 counts[node["class"]] = counts.get(node["class"], 0) + 1
-        for klass, size in self.fleet.class_sizes().items():
-            pct = 100.0 * counts.get(klass, 0) / size
+        sizes = self.fleet.class_sizes()
+        for klass in classes:
+            pct = 100.0 * counts.get(klass, 0) / sizes[klass]
             self.max_oos[klass] = max(self.max_oos.get(klass, 0.0), pct)
 
     def go(self, horizon_s=400 * 86400.0):
@@ -192,9 +225,11 @@ class Run(object):
             self.now = when
             node = self.fleet.by_name.get(name)
             if kind == "end":
+                if node["status"] != "in_flight":
+                    continue        # its transaction already failed at the drain
                 self._end(node)
             elif kind == "drained":
-                node["draining"] = False
+                self._drained(node)
             elif kind == "strike":
                 if node["status"] == "in_flight":
                     node["struck"] = True
@@ -265,7 +300,7 @@ class BudgetPolicy(object):
         for name in decision["start"]:
             run.start(name)
         if decision["start"]:
-            run.sample()
+            run.sample(decision["start"])
         return False
 
 
@@ -330,7 +365,7 @@ class BatchPolicy(object):
             self.current = (stage, startable)
             for name in startable:
                 run.start(name)
-            run.sample()
+            run.sample(startable)
             return False
         self.done_at = run.now
         return True
@@ -367,7 +402,7 @@ class OperatorPolicy(object):
             run.pending.pop()
         upgrading = len([name for name in run.unavailable if by_name[name]["status"] == "in_flight"])
         limit = int(self.max_unavailable_pct / 100.0 * len(by_name))
-        started = False
+        started = []
         startable = False
         for name in reversed(run.pending):
             node = by_name[name]
@@ -378,12 +413,12 @@ class OperatorPolicy(object):
                 break
             run.start(name)
             upgrading += 1
-            started = True
+            started.append(name)
         if not startable and not upgrading:
             self.done_at = run.now
             return True
         if started:
-            run.sample()
+            run.sample(started)
         return False
 
 
@@ -397,11 +432,35 @@ def policies():
     ]
 
 
+def stage_bound_h(fleet):
+    """A lower bound on any staged rollout of this fleet, in hours, even one that knew every drain.
+
+    A class's wave node cannot start before its golden node and at least one of its canary nodes
+    have passed (their transaction and soak, one after the other), so the rollout cannot end before
+    ``golden + quickest canary + the wave node's own transaction`` for its slowest wave node.
+    Capacity, the window and failures are left out: the bound only grows with them.
+    """
+    first = {}
+    for stage in ("golden", "canary"):
+        for node in fleet.nodes:
+            if node["stage"] == stage:
+                length = node["drain_s"] + node["work_s"] + SOAK_S
+                key = (node["class"], stage)
+                first[key] = min(first.get(key, length), length)
+    bound = 0.0
+    for node in fleet.nodes:
+        if node["stage"] == "waves":
+            gates = first.get((node["class"], "golden"), 0.0) + first.get((node["class"], "canary"), 0.0)
+            bound = max(bound, gates + node["drain_s"] + node["work_s"])
+    return bound / 3600.0
+
+
 def _one(args):
     index, size, seed, bad = args
     policy = policies()[index]
     fleet = Fleet(size, seed, bad)
-    return index, bad, fleet.mean_transaction_s(), fleet.class_sizes(), Run(fleet, policy).go()
+    bound = stage_bound_h(fleet)
+    return index, bad, fleet.mean_transaction_s(), fleet.class_sizes(), dict(Run(fleet, policy).go(), bound_h=bound)
 
 
 def capacity_floor_h(policy, sizes, mean_s):
@@ -451,6 +510,10 @@ def simulate(size, runs, processes):
             "bad_2pct_stopped_runs": len([r for r in mine if r[1] == 0.02 and r[4]["stopped"]]),
             "clean_failed_median": statistics.median(r[4]["failed"] for r in clean),
         }
+        if policy.name == "default":
+            # What stage order alone costs: even a schedule that knew every drain needs this much.
+            out[policy.name]["stage_bound_over_floor"] = round(
+                statistics.median(r[4]["bound_h"] for r in clean) / floor, 2)
     return {"nodes": size, "runs": runs, "classes": dict(CLASSES), "mean_transaction_min": round(mean_s / 60.0, 1),
             "failures_per_gpu_day": FAILURES_PER_GPU_DAY, "policies": out}
 

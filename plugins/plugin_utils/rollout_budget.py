@@ -18,10 +18,20 @@ The rules (docs/rollout.md):
   at least 1): nodes of the class out of service at once — in a transaction, quarantined by
   this rollout, or out by someone else's doing (drained, down, unreachable) — never exceed it.
   Optionally also per failure domain (``max_unavailable_domain``, of the domain's size).
-* **A window that widens** (slow start): in the canary pool and the waves a class has at most
-  ``window_initial + window_growth x (nodes of the class verified in this rollout so far)``
-  transactions at once, so a driver that breaks only some nodes meets its stop before many are
-  in flight.
+* **A window that widens** (slow start): in the waves a class has at most
+  ``window_initial + window_growth x (nodes of the class verified in this rollout so far) / (1 +
+  failures after the install, all classes together)`` transactions at once, so a driver that
+  breaks only some nodes meets its stop before many are in flight: each failure the driver can be
+  blamed for divides the widening, as the failure rate it suggests multiplies what a window
+  exposes. The canary pool is itself the small first sample: once the class's golden node has
+  passed, its canary nodes start together, within the capacity budget (before that, the same
+  window applies, which keeps them waiting for the golden node).
+* **Zero tolerance in the golden and canary stages, for failures the driver can be blamed for.**
+  A golden or canary node that fails after its install began stops the rollout. One that fails
+  before (drain, preflight, the node unreachable before the install: its record has no
+  ``snapshot`` mark, so the new driver never touched it) is quarantined like any other node and
+  replaced by a *stand-in*: the next wave node of its class takes its stage, its gate and its zero
+  tolerance (:func:`stand_ins`).
 * **Failure budget.** A wave node that fails is quarantined and the rollout goes on. It stops
   when the failures of a class that happened after the new driver was installed exceed
   ``failure_budget`` (count or percentage of the class), or when at least ``signature_limit``
@@ -191,7 +201,10 @@ def failure_signature(record: Mapping[str, Any]) -> Dict[str, Any]:
     :returns: ``{"signature": "xid 79" | "<flag>" | "<failed phase>", "implicates_driver": bool}``.
         A new fatal Xid names the signature (the lowest Xid number); otherwise the verdict's
         first flag other than ``transaction_failed``; otherwise the phase the transaction failed
-        in. A failure before the driver was installed (no ``installed`` mark) implicates nothing.
+        in. A failure before the install began (no ``snapshot`` or ``installed`` mark: the preflight,
+        the lock, the drain or the snapshot failed, or the node was unreachable before the install)
+        implicates nothing: the new driver had not touched the node. Marks are set by the
+        ``node_upgrade`` role (``roles/node_upgrade/tasks/*.yml``).
     """
     marks = record.get("marks") or {}
     xids = sorted((record.get("new_fatal_xids") or {}).keys(), key=lambda x: int(x) if str(x).isdigit() else 1 << 30)
@@ -210,6 +223,66 @@ def failure_signature(record: Mapping[str, Any]) -> Dict[str, Any]:
             phase = "drain"
         signature = "%s failed" % phase
     return {"signature": signature, "implicates_driver": "installed" in marks or "snapshot" in marks}
+
+
+def blameless(node: Mapping[str, Any]) -> bool:
+    """Whether a failed node's record clears the driver (``implicates_driver`` is ``False``).
+
+    A record that does not say (an older journal, a hand-written state) does not clear it: in the
+    golden and canary stages it stops the rollout.
+    """
+    return node.get("status") == "failed" and node.get("implicates_driver") is False
+
+
+def stand_ins(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, Dict[str, str]]:
+    """Wave nodes that take the place of golden or canary nodes that failed blamelessly.
+
+    Per class, each golden or canary node that failed before its install began (:func:`blameless`)
+    is replaced by the class's next wave node in priority order, golden places first. A wave node
+    out of service and still pending, or refused by its preflight, is passed over (it cannot
+    run), and so is one that had
+    already finished when the node it would replace failed (``finished_at``: it did not run as a
+    stand-in); a stand-in that itself fails blamelessly is replaced by the next one. The choice
+    depends only on the nodes' states, so every step makes the same one, and a stand-in keeps its
+    place once it has started.
+
+    :param nodes: as for :func:`decide`.
+    :returns: ``{wave node: {"stage": "golden" | "canary", "replaces": node name}}``.
+    """
+    need = {}  # type: Dict[str, List[Tuple[str, str, Any]]]
+    for node in nodes:
+        if node.get("stage") in ("golden", "canary") and blameless(node):
+            need.setdefault(node["class"], []).append((node["stage"], node["name"], node.get("finished_at")))
+    out = {}  # type: Dict[str, Dict[str, str]]
+    if not need:
+        return out
+    for places in need.values():
+        places.sort(key=lambda place: _RANK[place[0]])
+    for node in nodes:
+        places = need.get(node["class"])
+        if not places or node.get("stage", "waves") != "waves":
+            continue
+        if (node.get("status") == "pending" and node.get("out_of_service")) or node.get("status") == "refused":
+            continue
+        stage, replaced, failed_at = places[0]
+        if node.get("status") in ("done", "failed") and None not in (node.get("finished_at"), failed_at) \
+                and float(node["finished_at"]) < float(failed_at):
+            continue
+        out[node["name"]] = {"stage": stage, "replaces": replaced}
+        if blameless(node):
+            places[0] = (stage, node["name"], node.get("finished_at"))
+        else:
+            places.pop(0)
+    return out
+
+
+def effective_nodes(nodes: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    """The nodes with each stand-in (:func:`stand_ins`) in the stage it takes; others unchanged."""
+    chosen = stand_ins(nodes)
+    if not chosen:
+        return list(nodes)
+    return [dict(node, stage=chosen[node["name"]]["stage"], stand_in_for=chosen[node["name"]]["replaces"])
+            if node["name"] in chosen else node for node in nodes]
 
 
 def _class_sizes(nodes: Sequence[Mapping[str, Any]], key: str) -> Dict[Any, int]:
@@ -274,18 +347,22 @@ def stop_reason(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
                 rows: Optional[Mapping[str, Mapping[str, Any]]] = None) -> Optional[Dict[str, Any]]:
     """Why the rollout must stop now, or ``None``.
 
+    :param nodes: as for :func:`decide`, stand-ins already in their stage (:func:`effective_nodes`).
     :returns: ``{"code" (a :data:`STOP_CODES` key), "reason" (a sentence), "nodes": [names],
-        "class"?, "signature"?, "target"?}``. Checked in order: a golden / canary failure, a
-        repeated signature on one target, a class over its failure budget.
+        "class"?, "signature"?, "target"?}``. Checked in order: a golden / canary failure that
+        the driver can be blamed for (not :func:`blameless`), a repeated signature on one
+        target, a class over its failure budget.
     """
     rows = rows if rows is not None else budgets(nodes, options)
     failed = [n for n in nodes if n.get("status") == "failed"]
     if not failed:
         return None
-    early = [n for n in failed if n.get("stage") in ("golden", "canary")]
+    early = [n for n in failed if n.get("stage") in ("golden", "canary") and not blameless(n)]
     if early:
         first = early[0]
         reason = "%s node %s failed: %s" % (first["stage"], first["name"], first.get("signature") or "failed")
+        if first.get("stand_in_for"):
+            reason += " (stand-in for %s)" % first["stand_in_for"]
         return _stop("stage_failure", reason, nodes=[n["name"] for n in early])
     by_signature = {}  # type: Dict[Tuple[str, str], List[str]]
     attempts = {}  # type: Dict[str, int]
@@ -376,16 +453,20 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
     :returns: ``{"action": "start" | "wait" | "done" | "stop", "start": [names], "stages":
         {class: the stage open for it (:func:`stage_gates`)}, "stop": :func:`stop_reason`
         | None, "budgets": :func:`budgets`, "quarantined": [failed nodes], "deferred": [nodes
-        still to do that are out of service], "in_flight": n}``. ``done``: nothing is running
-        and nothing is left that can start now (``deferred`` lists what waits for its node).
+        still to do that are out of service], "in_flight": n, "stand_ins": :func:`stand_ins`}``.
+        ``done``: nothing is running and nothing is left that can start now (``deferred`` lists
+        what waits for its node). Stand-ins are decided in the stage they take.
     """
+    nodes = effective_nodes(nodes)
     rows = budgets(nodes, options)
     stop = stop_reason(nodes, options, rows)
     quarantined = [n["name"] for n in nodes if n.get("status") == "failed"]
     deferred = [n["name"] for n in nodes if n.get("status") == "pending" and n.get("out_of_service")]
     in_flight = sum(row["in_flight"] for row in rows.values())
     result = {"action": "wait", "start": [], "stages": {}, "stop": stop, "budgets": rows,
-              "quarantined": quarantined, "deferred": deferred, "in_flight": in_flight}
+              "quarantined": quarantined, "deferred": deferred, "in_flight": in_flight,
+              "stand_ins": dict((n["name"], {"stage": n["stage"], "replaces": n["stand_in_for"]})
+                                for n in nodes if n.get("stand_in_for"))}
     if stop is not None:
         result["action"] = "stop"
         return result
@@ -404,15 +485,18 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
         busy = _class_sizes([n for n in nodes if _out_of_service(n)], "domain")
         for domain, size in sizes.items():
             domain_free[domain] = amount_of(options["max_unavailable_domain"], size) - busy.get(domain, 0)
+    # Each failure the driver can be blamed for, in any class, slows the widening: the window is
+    # sized so that the failures it can still expose stay about the same once the driver is suspect.
+    slowdown = 1 + sum(row["failed_after_install"] for row in rows.values())
     window = {}
     for klass, row in rows.items():
         stage = gates[klass]
-        if stage == "golden":
+        if stage == "golden" or (stage == "canary" and row["verified"].get("golden", 0) > 0):
             window[klass] = row["free"]
         else:
             verified = (row["verified"].get("golden", 0) + row["verified"].get("canary", 0)
                         + (row["verified"].get("waves", 0) if stage == "waves" else 0))
-            window[klass] = max(0, int(options["window_initial"] + options["window_growth"] * verified)
+            window[klass] = max(0, int(options["window_initial"] + options["window_growth"] * verified / slowdown)
                                 - row["in_flight"])
     free = dict((klass, row["free"]) for klass, row in rows.items())
     chosen = []

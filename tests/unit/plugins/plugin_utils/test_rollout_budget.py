@@ -232,6 +232,9 @@ def test_done_with_deferred_nodes():
      {"signature": "install failed", "implicates_driver": True}),
     ({"flags": ["transaction_failed"], "marks": {"started": 1}},
      {"signature": "drain failed", "implicates_driver": False}),
+    # Unreachable after its drain, before the install began: the new driver never touched it.
+    ({"flags": ["transaction_failed"], "marks": {"started": 1, "drained": 2}},
+     {"signature": "snapshot failed", "implicates_driver": False}),
 ])
 def test_failure_signature(record, expected):
     assert rb.failure_signature(record) == expected
@@ -246,3 +249,93 @@ def test_a_class_without_golden_nodes_follows_the_fleets_golden_stage():
     assert second["stages"] == {"gpu_h100": "canary", "gpu_v100": "canary"}
     by_name(nodes)["gpu_h100-01"]["status"] = "done"
     assert rb.decide(nodes, OPTIONS)["start"] == ["gpu_h100-02", "v1"]
+
+
+def test_the_canary_pool_starts_together_once_the_golden_node_passed():
+    nodes = fleet({"gpu_h100": 400}, canary=30)
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "in_flight"
+    # The golden node has not passed: the canary pool waits (window 1 + 2 x 0, one in flight).
+    assert rb.decide(nodes, OPTIONS)["start"] == []
+    named["gpu_h100-00"]["status"] = "done"
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stages"] == {"gpu_h100": "canary"}
+    assert decision["start"] == ["gpu_h100-%02d" % index for index in range(1, 31)]
+    # Within the capacity budget: 10 % of 100 nodes is 10.
+    small = fleet({"gpu_a100": 100}, canary=30)
+    small[0]["status"] = "done"
+    assert len(rb.decide(small, OPTIONS)["start"]) == 10
+
+
+def test_a_canary_that_failed_before_its_install_is_replaced_by_a_stand_in():
+    nodes = fleet({"gpu_h100": 40}, canary=2)
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "done"
+    named["gpu_h100-01"]["status"] = "done"
+    named["gpu_h100-02"].update(status="failed", signature="drain failed", implicates_driver=False)
+    named["gpu_h100-03"]["out_of_service"] = True      # cannot start: passed over
+    # A wave node refused by its preflight cannot stand in: the next one does.
+    refused = [dict(n, status="refused") if n["name"] == "gpu_h100-04" else n for n in nodes]
+    assert rb.stand_ins(refused) == {"gpu_h100-05": {"stage": "canary", "replaces": "gpu_h100-02"}}
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stop"] is None and decision["quarantined"] == ["gpu_h100-02"]
+    assert decision["stand_ins"] == {"gpu_h100-04": {"stage": "canary", "replaces": "gpu_h100-02"}}
+    # The stand-in holds the canary stage: only it starts, the waves wait for it.
+    assert decision["stages"] == {"gpu_h100": "canary"} and decision["start"] == ["gpu_h100-04"]
+    named["gpu_h100-04"]["status"] = "in_flight"
+    assert rb.decide(nodes, OPTIONS)["start"] == []
+    named["gpu_h100-04"]["status"] = "done"
+    decision = rb.decide(nodes, OPTIONS)
+    # 10 % of 40 = 4 slots: one quarantined, one out of service, two left.
+    assert decision["stages"] == {"gpu_h100": "waves"} and decision["start"] == ["gpu_h100-05", "gpu_h100-06"]
+
+
+def test_a_stand_in_keeps_zero_tolerance_and_is_itself_replaced_when_blameless():
+    nodes = fleet({"gpu_h100": 40})
+    named = by_name(nodes)
+    named["gpu_h100-00"].update(status="failed", signature="host", implicates_driver=False)
+    named["gpu_h100-02"].update(status="failed", signature="network", implicates_driver=False)
+    assert rb.stand_ins(nodes) == {"gpu_h100-02": {"stage": "golden", "replaces": "gpu_h100-00"},
+                                   "gpu_h100-03": {"stage": "golden", "replaces": "gpu_h100-02"}}
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stages"] == {"gpu_h100": "golden"} and decision["start"] == ["gpu_h100-03"]
+    named["gpu_h100-03"].update(status="failed", signature="xid 79", implicates_driver=True)
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["action"] == "stop" and decision["stop"]["code"] == "stage_failure"
+    assert decision["stop"]["reason"] == "golden node gpu_h100-03 failed: xid 79 (stand-in for gpu_h100-02)"
+
+
+def test_a_canary_failure_that_does_not_clear_the_driver_still_stops():
+    nodes = fleet({"gpu_h100": 40})
+    nodes[0]["status"] = "done"
+    by_name(nodes)["gpu_h100-01"].update(status="failed", signature="drain failed")
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stop"]["reason"] == "canary node gpu_h100-01 failed: drain failed"
+    assert decision["stand_ins"] == {}
+
+
+def test_each_failure_after_the_install_slows_the_window():
+    nodes = fleet({"gpu_h100": 2000, "gpu_a100": 2000}, canary=20)
+    for node in nodes:
+        if node["stage"] != "waves":
+            node["status"] = "done"
+    # 21 verified per class: 1 + 2 x 21 = 43 each.
+    assert len(rb.decide(nodes, OPTIONS)["start"]) == 86
+    by_name(nodes)["gpu_a100-21"].update(status="failed", signature="xid 48", implicates_driver=True)
+    decision = rb.decide(nodes, OPTIONS)
+    # One failure (in either class): 1 + 2 x 21 / 2 = 22 each.
+    assert decision["stop"] is None and len(decision["start"]) == 44
+
+
+def test_a_wave_node_finished_before_the_failure_is_no_stand_in():
+    nodes = fleet({"gpu_h100": 40}, canary=2)
+    named = by_name(nodes)
+    for name in ("gpu_h100-00", "gpu_h100-01"):
+        named[name].update(status="done", finished_at=100.0)
+    # The canary drained for hours; meanwhile the waves opened and one wave node failed its install.
+    named["gpu_h100-03"].update(status="failed", signature="xid 79", implicates_driver=True, finished_at=200.0)
+    named["gpu_h100-04"].update(status="done", finished_at=250.0)
+    named["gpu_h100-02"].update(status="failed", signature="drain failed", implicates_driver=False, finished_at=300.0)
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["stand_ins"] == {"gpu_h100-05": {"stage": "canary", "replaces": "gpu_h100-02"}}
+    assert decision["stop"] is None and decision["stages"] == {"gpu_h100": "waves"}
