@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.contract import contract_from_facts
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import node_health
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import (
     branch_of,
@@ -174,8 +175,9 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         ``peermem_version`` (``/sys/module/nvidia_peermem/version``; present with ``None`` when
         the file is absent on a live host) (texts).
     :param capture: ``True`` when ``raw`` is a captured bundle.
-    :returns: the facts document of :func:`facts_model.new_facts`, plus ``xid_summary`` and
-        ``health`` (:func:`gpu_health.node_health`).
+    :returns: the facts document of :func:`facts_model.new_facts`, plus ``xid_summary``,
+        ``health`` (:func:`gpu_health.node_health`) and ``contract``
+        (:func:`contract.contract_from_facts`, docs/contract.md).
     :raises CaptureError: for a captured file that is binary or cannot be parsed.
     """
     inputs = decode_capture(raw) if capture else dict(raw)
@@ -311,4 +313,5 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         if inputs.get("kernel_log_error"):
             facts["warnings"].append(inputs["kernel_log_error"])
     facts["health"] = node_health(facts)
+    facts["contract"] = contract_from_facts(facts)
     return facts

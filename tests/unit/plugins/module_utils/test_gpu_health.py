@@ -94,7 +94,7 @@ def test_case32_gpus_look_fine_but_gpudirect_rdma_is_gone():
     facts = assemble_facts({"smi_xml": h100_xml(), "kernel_log": case(CASE32, "input-dmesg.log"),
                             "peermem_version": None})
     assert facts["gpu_count"] == 2 and facts["xid_events"] == []
-    assert facts["node"]["peermem_state"] == "failed"
+    assert facts["node"]["peermem_state"] == "failed" and facts["contract"]["node"]["peermem_state"] == "failed"
     health = facts["health"]
     assert health["gpus"] == []
     assert len(health["problems"]) == 1
