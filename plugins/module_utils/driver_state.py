@@ -883,6 +883,24 @@ def _package_label(package: Dict[str, Any]) -> str:
     return "%s %s (%s)" % (package.get("name"), package.get("version") or "?", package.get("status"))
 
 
+def _signature_reasons(evidence: Dict[str, Any], module_found: Optional[bool], kernel_text: str) -> List[str]:
+    """Why a built module is not loaded when Secure Boot refused it (field case 33), with the remedy."""
+    signer = evidence.get("module_signer")
+    signer_text = ("signed by \"%s\"" % signer) if signer else "unsigned"
+    remedy = (" A reboot into the same kernel will not fix it: enroll the signing key as a Machine Owner Key "
+              "(mokutil --import, and trust it for modules where the kernel keeps MOKs out of its machine keyring), "
+              "or install the distribution's or NVIDIA's signed precompiled modules, or boot a kernel that trusts "
+              "the key.")
+    if evidence.get("signature_rejected"):
+        return ["The kernel refused the module's signature (%s) under Secure Boot: module signature not accepted."
+                % signer_text + remedy]
+    if evidence.get("secure_boot") and module_found:
+        return ["Secure Boot is on and the module (%s) is built for %s but not loaded: the kernel most likely "
+                "refused its signature (look for \"Loading of unsigned module is rejected\" or \"Key was rejected "
+                "by service\")." % (signer_text, kernel_text) + remedy]
+    return []
+
+
 def driver_state(
     userspace_version: Optional[str],
     loaded_version: Optional[str],
@@ -939,6 +957,9 @@ def driver_state(
         ``modinfo`` found a module / said "Module nvidia not found"), ``userspace_present``
         (bool|None: ``libnvidia-ml.so.1`` or ``nvidia-smi`` found), ``running_kernel`` (str),
         ``module_present_for`` (list of kernel releases that have an ``nvidia.ko``),
+        ``secure_boot`` (bool|None: ``mokutil --sb-state``), ``module_signer`` (str|None: ``modinfo``
+        ``signer:``), ``signature_rejected`` (bool: the kernel log says the module's signature was
+        refused; a ``not_loaded`` state then says so, and that a reboot will not fix it),
         ``live`` (bool, default ``True``; ``False`` for a captured bundle).
     :returns: ``(state, reasons)``: ``state`` is one of ``facts_model.DRIVER_STATES`` or
         ``None`` (undetermined: a captured bundle without the files the verdict needs, or a
@@ -1076,7 +1097,7 @@ def driver_state(
             parts.append("on disk %s" % on_disk)
         if parts:
             sentence += "; installed: %s" % ", ".join(parts)
-        return "not_loaded", reasons + [sentence + "."]
+        return "not_loaded", reasons + [sentence + "."] + _signature_reasons(evidence, module_found, kernel_text)
     if module_loaded is None:
         return None, reasons + [
             "Whether a kernel module is loaded is unknown (no /sys/module/nvidia/version or "

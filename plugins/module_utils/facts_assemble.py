@@ -14,11 +14,14 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.contract import contract_from_facts
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import node_health
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import (
     branch_of,
     new_facts,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import parse_kernel_log, summarize_xids
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_signals
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.pcie_links import gpu_link_report, parse_lspci_links
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_text import parse_nvidia_smi_text
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_xml import SmiParseError, parse_nvidia_smi_xml
@@ -37,6 +40,8 @@ CAPTURE_FILES = {
     "apt-mark-showhold.txt": "apt_mark_showhold",
     "lspci-vvv.txt": "lspci",
     "lib-modules-nvidia.txt": "modules_find",
+    "mokutil-sb-state.txt": "mokutil_sb_state",
+    "sys-module-nvidia-peermem-version.txt": "peermem_version",
 }
 
 
@@ -136,6 +141,29 @@ def _apply_pcie_links(inputs: Dict[str, Any], facts: Dict[str, Any]) -> None:
         facts["warnings"].append("PCIe link of GPU(s) %s runs below its capability" % ", ".join(report["degraded_gpus"]))
 
 
+def _node_section(inputs: Dict[str, Any], facts: Dict[str, Any], capture: bool) -> None:
+    """Fill ``facts["node"]`` and ``facts["driver_messages"]`` from the kernel log, modinfo, mokutil, sysfs."""
+    node = facts["node"]
+    kernel_log = inputs.get("kernel_log")
+    failures = node_signals.module_load_failures(kernel_log)
+    node["module_load_failures"] = failures
+    facts["driver_messages"] = node_signals.reset_required_messages(kernel_log)[:16]
+    node["secure_boot"] = node_signals.parse_mokutil_sb_state(inputs.get("mokutil_sb_state"))
+    node["module_signer"] = node_signals.module_signer(inputs.get("modinfo"))
+    if any(f["reason"] == "signature_rejected" for f in failures):
+        node["module_signer_trusted"] = False
+    elif node["secure_boot"] and node["module_signer"] and facts["driver"]["loaded_version"]:
+        node["module_signer_trusted"] = True
+    peermem = ds.parse_sys_module_version(inputs["peermem_version"]) if inputs.get("peermem_version") else None
+    node["peermem_loaded_version"] = peermem
+    if peermem:
+        node["peermem_state"] = "loaded"
+    elif any(f["module"] == "nvidia_peermem" for f in failures):
+        node["peermem_state"] = "failed"
+    elif not capture and "peermem_version" in inputs:
+        node["peermem_state"] = "not_loaded"
+
+
 def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]:
     """Build the ``ansible_facts.nvidia`` document from raw inputs.
 
@@ -143,9 +171,13 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         input key → value: ``nvml`` (the result of :func:`nvml_reader.read_nvml`), ``smi_xml``,
         ``smi_error`` (output of a failed ``nvidia-smi``), ``kernel_log``, ``kernel_log_error``,
         ``proc_version``, ``sys_module_version``, ``modinfo``, ``running_kernel``, ``dpkg_l``,
-        ``rpm_qa``, ``apt_mark_showhold`` (texts).
+        ``rpm_qa``, ``apt_mark_showhold``, ``mokutil_sb_state`` (``mokutil --sb-state``),
+        ``peermem_version`` (``/sys/module/nvidia_peermem/version``; present with ``None`` when
+        the file is absent on a live host) (texts).
     :param capture: ``True`` when ``raw`` is a captured bundle.
-    :returns: the facts document of :func:`facts_model.new_facts`, plus ``xid_summary``.
+    :returns: the facts document of :func:`facts_model.new_facts`, plus ``xid_summary``,
+        ``health`` (:func:`gpu_health.node_health`) and ``contract``
+        (:func:`contract.contract_from_facts`, docs/contract.md).
     :raises CaptureError: for a captured file that is binary or cannot be parsed.
     """
     inputs = decode_capture(raw) if capture else dict(raw)
@@ -225,6 +257,7 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
 
     kernel_log = parse_kernel_log(inputs["kernel_log"]) if inputs.get("kernel_log") else None
     _versions_from_api_mismatch(kernel_log, driver, facts["warnings"])
+    _node_section(inputs, facts, capture)
     loaded = driver["loaded_version"]
     driver["branch"] = branch_of(driver["userspace_version"] or loaded or driver["on_disk_version"])
     module_for_kernel = None
@@ -241,6 +274,9 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         "nvml_initialized": nvml_ok or smi is not None,
         "module_found_for_running_kernel": module_for_kernel,
         "running_kernel": driver["running_kernel"],
+        "secure_boot": facts["node"]["secure_boot"],
+        "module_signer": facts["node"]["module_signer"],
+        "signature_rejected": facts["node"]["module_signer_trusted"] is False,
     }
     if not capture:
         evidence["module_loaded"] = loaded is not None
@@ -255,6 +291,13 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
     driver["state"], driver["state_reasons"] = ds.driver_state(
         driver["userspace_version"], loaded, driver["on_disk_version"],
         packages if packages_read else None, evidence)
+    if driver["state"] == "not_loaded" and (
+            evidence["signature_rejected"]
+            or (facts["node"]["secure_boot"] and evidence.get("module_found_for_running_kernel"))):
+        # Built for this kernel, not loaded, Secure Boot on (field case 33): the signature was refused.
+        driver["not_loaded_cause"] = "module_signature_rejected"
+        if facts["node"]["module_signer_trusted"] is None:
+            facts["node"]["module_signer_trusted"] = False
 
     _apply_pcie_links(inputs, facts)
 
@@ -269,4 +312,6 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         facts["xid_summary"] = summarize_xids([], rate_limited=False)
         if inputs.get("kernel_log_error"):
             facts["warnings"].append(inputs["kernel_log_error"])
+    facts["health"] = node_health(facts)
+    facts["contract"] = contract_from_facts(facts)
     return facts

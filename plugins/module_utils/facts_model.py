@@ -115,7 +115,9 @@ def new_driver() -> Dict[str, Any]:
     ``/proc/driver/nvidia/version``), ``on_disk_version`` (str, ``modinfo -F version nvidia`` for
     the running kernel), ``branch`` (str, e.g. ``"580"``), ``kernel_module_type``
     (``"open"``/``"proprietary"``), ``cuda_driver_version`` (str, e.g. ``"13.0"``), ``state``
-    (one of :data:`DRIVER_STATES`), ``state_reasons`` (list of str), ``packages`` (list of
+    (one of :data:`DRIVER_STATES`), ``state_reasons`` (list of str), ``not_loaded_cause``
+    (``"module_signature_rejected"`` when a ``not_loaded`` module was refused under Secure Boot,
+    else ``None``), ``packages`` (list of
     ``{name, version, status, held}``), ``package_manager`` (``"dpkg"``/``"rpm"``/``None``),
     ``nvml_version`` (str), ``running_kernel`` (str, ``uname -r``).
     """
@@ -130,6 +132,7 @@ def new_driver() -> Dict[str, Any]:
         "running_kernel": None,
         "state": None,
         "state_reasons": [],
+        "not_loaded_cause": None,
         "package_manager": None,
         "packages": [],
     }
@@ -197,7 +200,58 @@ def new_gpu(index: int) -> Dict[str, Any]:
         "pcie": {"gen_current": None, "gen_max": None, "width_current": None, "width_max": None},
         "utilization_gpu_pct": None,
         "processes": None,
+        "extended": new_gpu_extended(),
     }
+
+
+def new_gpu_extended() -> Dict[str, Any]:
+    """Return an empty ``extended`` section of a GPU record, every value ``None``.
+
+    The values the hardware contract (docs/contract.md) needs beyond the health facts:
+    ``app_clocks_default_graphics_mhz`` / ``app_clocks_default_mem_mhz`` (int, MHz: NVML
+    ``nvmlDeviceGetDefaultApplicationsClock``, nvidia-smi ``<default_applications_clocks>``),
+    ``bar1_total_mib`` (int, MiB: ``nvmlDeviceGetBAR1MemoryInfo``, ``<bar1_memory_usage><total>``),
+    ``gsp_firmware_version`` (str: ``nvmlDeviceGetGspFirmwareVersion``, ``<gsp_firmware_version>``),
+    ``performance_state`` (str ``"P0"`` ... ``"P15"``: ``nvmlDeviceGetPerformanceState``,
+    ``<performance_state>``), ``mig_capable`` (bool), ``mig_profiles_offered`` (list of GPU instance
+    profile names such as ``"1g.10gb"``: ``nvmlDeviceGetGpuInstanceProfileInfo``; ``None`` when not
+    read), ``recovery_action`` (str: ``none``, ``gpu_reset``, ``node_reboot``, ``drain_p2p``,
+    ``drain_and_reset``, ... from the NVML field ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``),
+    ``pcie_gen_attainable`` (int: the highest PCIe generation this GPU and this system can run
+    together, ``nvmlDeviceGetMaxPcieLinkGeneration``, nvidia-smi ``<pcie_gen><max_link_gen>``;
+    ``pcie.gen_max`` is the GPU's own maximum).
+    """
+    return {
+        "app_clocks_default_graphics_mhz": None,
+        "app_clocks_default_mem_mhz": None,
+        "bar1_total_mib": None,
+        "gsp_firmware_version": None,
+        "performance_state": None,
+        "mig_capable": None,
+        "mig_profiles_offered": None,
+        "recovery_action": None,
+        "pcie_gen_attainable": None,
+    }
+
+
+# NVML_GPU_RECOVERY_ACTION_* (nvml.h / pynvml 13.615.71) → the word used in ``extended.recovery_action``.
+GPU_RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}  # type: Dict[int, str]
+
+
+def performance_state_name(value: Optional[int]) -> Optional[str]:
+    """NVML ``nvmlPstates_t`` → ``"P0"`` ... ``"P15"``; 32 (``NVML_PSTATE_UNKNOWN``) and ``None`` → ``None``."""
+    if value is None or not 0 <= int(value) <= 15:
+        return None
+    return "P%d" % int(value)
 
 
 def new_mig_device() -> Dict[str, Any]:
@@ -235,8 +289,30 @@ def new_facts(source: str = "none") -> Dict[str, Any]:
         "gpu_count": 0,
         "attached_gpus": None,
         "xid_events": [],
+        "driver_messages": [],
+        "node": new_node(),
         "unsupported": [],
         "warnings": [],
+    }
+
+
+def new_node() -> Dict[str, Any]:
+    """Return an empty ``node`` section: what the node says beyond the driver versions and the GPUs.
+
+    Keys: ``secure_boot`` (bool: ``mokutil --sb-state``), ``module_signer`` (str: the ``signer:``
+    of ``modinfo nvidia``; ``None`` unsigned or not read), ``module_signer_trusted`` (bool: ``False``
+    when the kernel refused the module's signature, ``True`` when the signed module is loaded under
+    Secure Boot, else ``None``), ``module_load_failures`` (list, node_signals.module_load_failures),
+    ``peermem_loaded_version`` (str: ``/sys/module/nvidia_peermem/version``), ``peermem_state``
+    (``"loaded"``, ``"failed"``, ``"not_loaded"``, or ``None`` when not read).
+    """
+    return {
+        "secure_boot": None,
+        "module_signer": None,
+        "module_signer_trusted": None,
+        "module_load_failures": [],
+        "peermem_loaded_version": None,
+        "peermem_state": None,
     }
 
 

@@ -18,6 +18,8 @@ Accepted line formats (mixed freely):
   ``[ 1234.567890]`` after ``kernel:``; ``journalctl -o short-monotonic``:
   ``[ 1234.567890] host kernel: NVRM: ...``. Such a line may itself be wrapped in text
   (an alerting system's "Error: May 19 07:08:57 host kernel: ..."), which is skipped;
+- Talos Linux (``talosctl dmesg``): ``node-a: kern: warning: [2026-04-22T21:30:51.870495804Z]:
+  NVRM: ...`` (the node, facility and level, then the RFC 3339 wall time in brackets);
 - ``journalctl`` boot separators (``-- Boot 3f2a... --``, ``-- Reboot --``).
 
 A message the kernel printed as several lines (one ``printk`` with newlines, as the NVIDIA driver
@@ -99,6 +101,8 @@ _SYSLOG = re.compile(
     r"|" + _ISO_TIME + r")"
     r" (?P<host>\S+) kernel: "
 )
+# Talos Linux (``talosctl dmesg``): "<node>: <facility>: <level>: [<RFC 3339 time>]: <message>" (field case 30).
+_TALOS = re.compile(r"^\S+: [a-z]+: [a-z]+: \[(?P<wall>" + _ISO_TIME + r")\]: ")
 _MONO = re.compile(r"^\[\s*(?P<mono>\d+\.\d+)\]\s?")
 _CTIME = re.compile(r"^\[(?P<wall>" + _DOW + " " + _MON + r" {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4})\]\s?")
 _ISO = re.compile(r"^(?P<wall>" + _ISO_TIME + r")\s")
@@ -163,6 +167,9 @@ class _Record:
 
 def _split_prefix(line: str) -> Tuple[Optional[float], Optional[str], str, bool]:
     """Return (seconds since boot, printed wall time, message text, had a time prefix)."""
+    talos = _TALOS.match(line)
+    if talos:
+        return None, talos.group("wall"), line[talos.end():].strip(), True
     rest = _DECODE.sub("", _LEVEL.sub("", line, count=1), count=1)
     mono = None  # type: Optional[float]
     wall = None  # type: Optional[str]
@@ -187,6 +194,19 @@ def _split_prefix(line: str) -> Tuple[Optional[float], Optional[str], str, bool]
             mono = float(match.group("mono"))
             rest = rest[match.end():]
     return mono, wall, rest.strip(), (mono is not None or wall is not None)
+
+
+def split_line(line: str) -> Tuple[Optional[float], Optional[str], str]:
+    """Split one kernel log line into (seconds since boot, printed wall time, message).
+
+    :param line: one line in any format of the module docstring (dmesg, ``dmesg -T``, ISO,
+        journalctl / syslog, Talos).
+    :returns: ``(mono, wall, message)``: ``mono`` a float or ``None``, ``wall`` the printed wall
+        time (text) or ``None``, ``message`` the text after the prefix, stripped.
+    :raises: nothing.
+    """
+    mono, wall, rest, _stamped = _split_prefix(line)
+    return mono, wall, rest
 
 
 def _records(text: str) -> List[_Record]:
@@ -287,6 +307,16 @@ def _time_of(record: _Record) -> Union[float, str, None]:
     if record.mono is not None:
         return record.mono
     return record.wall
+
+
+def _epoch_of(record: _Record, boot_time: Optional[float]) -> Optional[float]:
+    """Seconds since the epoch of a line: boot time + monotonic stamp, or an ISO wall time with its zone."""
+    if record.mono is not None:
+        return round(boot_time + record.mono, 6) if boot_time is not None else None
+    if record.wall and re.search(r"\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)$", record.wall):
+        seconds = _wall_seconds(record.wall)
+        return None if seconds is None else round(seconds, 6)
+    return None
 
 
 def _clock_of(record: _Record) -> Tuple[Optional[str], Optional[float]]:
@@ -463,8 +493,7 @@ class _Incidents:
                 "time": time,
                 "last_time": time,
                 "wall_time": record.wall,
-                "epoch_s": (round(self.boot_time + record.mono, 6)
-                            if self.boot_time is not None and record.mono is not None else None),
+                "epoch_s": _epoch_of(record, self.boot_time),
                 "count": 1,
                 "incidents": 1,
                 "elided": False,

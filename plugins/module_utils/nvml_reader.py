@@ -25,8 +25,10 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import
     clocks_event_reason_names,
     mib_from_bytes,
     new_gpu,
+    GPU_RECOVERY_ACTIONS,
     new_mig_device,
     normalize_pci_bus_id,
+    performance_state_name,
     watts_from_milliwatts,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_names import (
@@ -187,6 +189,7 @@ def read_gpu(nvml: Any, index: int, unsupported: List[Dict[str, Any]]) -> Dict[s
         _read_mig(nvml, reader, handle, gpu)
         _read_clocks_and_links(nvml, reader, handle, gpu)
         _read_processes(reader, handle, gpu)
+        read_extended(nvml, reader, handle, gpu)
     except _GpuLost:
         gpu["readable"] = False
         gpu["errors"].append("GpuIsLost")
@@ -258,7 +261,11 @@ def _read_memory_health(nvml: Any, reader: _FieldReader, handle: Any, gpu: Dict[
                            getattr(nvml, cause, 0 if key == "single_bit_ecc" else 1))
         retired[key] = None if pages is None else len(pages)
     retired["pending"] = _bool(reader.get("retired_pages.pending", "nvmlDeviceGetRetiredPagesPendingStatus", handle))
-    memory = reader.get("memory", "nvmlDeviceGetMemoryInfo", handle)
+    # nvmlDeviceGetMemoryInfo_v2 (pynvml: version=nvmlMemory_v2) is the one that reports the memory
+    # the driver reserves for itself; the v1 call counts it as used.
+    version_2 = getattr(nvml, "nvmlMemory_v2", None)
+    calls = [("nvmlDeviceGetMemoryInfo", (handle, version_2))] if version_2 is not None else []
+    memory = _first(reader, "memory", calls + [("nvmlDeviceGetMemoryInfo", (handle,))])
     if memory is not None:
         gpu["memory"]["total_mib"] = mib_from_bytes(getattr(memory, "total", None))
         gpu["memory"]["used_mib"] = mib_from_bytes(getattr(memory, "used", None))
@@ -295,6 +302,75 @@ def _read_clocks_and_links(nvml: Any, reader: _FieldReader, handle: Any, gpu: Di
     if not gpu["mig"]["mode_current"]:
         utilization = reader.get("utilization_gpu_pct", "nvmlDeviceGetUtilizationRates", handle)
         gpu["utilization_gpu_pct"] = getattr(utilization, "gpu", None)
+
+
+def _gpu_instance_profiles(nvml: Any, handle: Any) -> List[str]:
+    """Names of the GPU instance profiles the driver offers on this GPU, in NVML profile order."""
+    names = []
+    for profile in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", 0))):
+        try:
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+        except Exception as err:  # pylint: disable=broad-except
+            if not _is_nvml_error(nvml, err):
+                raise
+            if error_name(nvml, err) == "GpuIsLost":
+                raise _GpuLost()
+            continue  # NotSupported / InvalidArgument: this profile is not offered here
+        match = _MIG_PROFILE.search(_text(getattr(info, "name", None)) or "")
+        if match and match.group(1) not in names:
+            names.append(match.group(1))
+    return names
+
+
+def read_extended(nvml: Any, reader: Any, handle: Any, gpu: Dict[str, Any]) -> None:
+    """Fill ``gpu["extended"]`` (facts_model.new_gpu_extended) through NVML.
+
+    :param nvml: the pynvml module (initialised).
+    :param reader: the per-GPU field reader of :func:`read_gpu` (turns NVML errors into ``None``
+        plus an ``unsupported`` note).
+    :param handle: the device handle.
+    :param gpu: the GPU record, already holding ``mig`` (read by :func:`read_gpu` before).
+    :returns: nothing; the record is changed in place.
+    :raises: nothing for NVML errors but GpuIsLost, which ends the GPU's reading.
+
+    Calls (nvidia-ml-py 13.615.71): ``nvmlDeviceGetDefaultApplicationsClock(handle,
+    NVML_CLOCK_GRAPHICS | NVML_CLOCK_MEM)`` (MHz), ``nvmlDeviceGetBAR1MemoryInfo(handle).bar1Total``
+    (bytes → MiB), ``nvmlDeviceGetGspFirmwareVersion(handle)``, ``nvmlDeviceGetPerformanceState(handle)``
+    (``nvmlPstates_t``), ``nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)`` for every
+    ``NVML_GPU_INSTANCE_PROFILE_*`` below ``NVML_GPU_INSTANCE_PROFILE_COUNT`` (its ``name``, "MIG
+    1g.10gb"), and ``nvmlDeviceGetFieldValues(handle, [NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])``
+    (``value.uiVal``, an ``NVML_GPU_RECOVERY_ACTION_*``), ``nvmlDeviceGetMaxPcieLinkGeneration(handle)``
+    (the generation attainable by this GPU in this system). MIG capability: ``nvmlDeviceGetMigMode``
+    answered (capable) or said NotSupported (not capable).
+    """
+    extended = gpu["extended"]
+    for key, clock in (("app_clocks_default_graphics_mhz", getattr(nvml, "NVML_CLOCK_GRAPHICS", 0)),
+                       ("app_clocks_default_mem_mhz", getattr(nvml, "NVML_CLOCK_MEM", 2))):
+        extended[key] = reader.get("extended." + key, "nvmlDeviceGetDefaultApplicationsClock", handle, clock)
+    bar1 = reader.get("extended.bar1_total_mib", "nvmlDeviceGetBAR1MemoryInfo", handle)
+    extended["bar1_total_mib"] = mib_from_bytes(getattr(bar1, "bar1Total", None))
+    extended["gsp_firmware_version"] = _text(
+        reader.get("extended.gsp_firmware_version", "nvmlDeviceGetGspFirmwareVersion", handle))
+    extended["performance_state"] = performance_state_name(
+        reader.get("extended.performance_state", "nvmlDeviceGetPerformanceState", handle))
+    if gpu["mig"]["mode_current"] is not None:
+        extended["mig_capable"] = True
+    elif any(note["gpu"] == gpu["index"] and note["field"] == "mig.mode" and note["error"] == "NotSupported"
+             for note in reader.unsupported):
+        extended["mig_capable"] = False
+    if extended["mig_capable"]:
+        extended["mig_profiles_offered"] = _gpu_instance_profiles(nvml, handle)
+    elif extended["mig_capable"] is False:
+        extended["mig_profiles_offered"] = []
+    extended["pcie_gen_attainable"] = reader.get(
+        "extended.pcie_gen_attainable", "nvmlDeviceGetMaxPcieLinkGeneration", handle)
+    field = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    values = reader.get("extended.recovery_action", "nvmlDeviceGetFieldValues", handle, [field]) if field else None
+    if values:
+        value = values[0]
+        if getattr(value, "nvmlReturn", 1) == 0:
+            code = getattr(getattr(value, "value", None), "uiVal", None)
+            extended["recovery_action"] = None if code is None else GPU_RECOVERY_ACTIONS.get(code, "action_%d" % code)
 
 
 def _read_processes(reader: _FieldReader, handle: Any, gpu: Dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 from ansible.module_utils.compat.version import LooseVersion
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import upstream_version, versions_match
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import describe_unusable, node_health
 
 #: Stable codes of the verdicts' ``flags`` (a verdict's ``flags`` list uses only these).
 FLAGS = {
@@ -42,6 +43,8 @@ FLAGS = {
     "gpu_count_changed": "the number of GPUs differs from the snapshot",
     "gpu_identity_changed": "GPU UUIDs differ from the snapshot",
     "gpu_unreadable": "a GPU could not be read (NVML GpuIsLost or similar)",
+    "gpu_not_usable": "a GPU needs a reset (or more) or its driver reports it unusable: Xid, driver message or NVML field",
+    "node_problem": "a driver module did not load (signature refused, nvidia_peermem): see the remedy",
     "no_gpus": "no GPU is visible",
     "new_fatal_xid": "a fatal Xid appeared since the snapshot",
     "fatal_xid": "a fatal Xid is in this boot's kernel log",
@@ -340,6 +343,8 @@ def verify_upgrade(before: Optional[Mapping[str, Any]], after: Optional[Mapping[
     * the GPUs: as many as in the snapshot (unless ``allow_gpu_count_change``), the same UUIDs,
       every one readable; when the snapshot saw no GPU (no driver then), at least one;
     * no new fatal Xid since the snapshot (every fatal Xid after a reboot is new);
+    * no GPU that needs a reset or that the driver reports unusable, and no driver module the kernel
+      refused (gpu_health.node_health: Xid, driver message, NVML or nvidia-smi field);
     * the policy report (when given) shows every managed setting in effect;
     * the benchmark (when given) reaches ``benchmark_threshold`` × the snapshot's result.
 
@@ -388,6 +393,7 @@ def verify_upgrade(before: Optional[Mapping[str, Any]], after: Optional[Mapping[
         devices = _fatal_devices(after, new.keys())
         _fail(result, "new_fatal_xid", "new fatal Xid since the snapshot: %s%s" % (
             _describe_xids(new), (" on " + ", ".join(devices)) if devices else ""))
+    _verify_usable(result, after, opts)
     _verify_policy(result, policy_report, opts)
     _verify_benchmark(result, benchmark, opts)
     if not result["ok"]:
@@ -422,6 +428,27 @@ def _verify_gpus(result: Dict[str, Any], before: Optional[Mapping[str, Any]], af
     attached = after.get("attached_gpus")
     if attached is not None and int(attached) != after_count and "gpu_count_changed" not in result["flags"]:
         _fail(result, "gpu_count_changed", "%d GPU(s) attached but %d listed" % (int(attached), after_count))
+
+
+def _not_usable(facts: Mapping[str, Any], ignore_xids: Iterable[Any]) -> Dict[str, Any]:
+    """gpu_health.node_health, less the signals other flags already carry (an unreadable GPU, a fatal Xid)."""
+    health = node_health(facts, ignore_xids)
+    gpus = []
+    for gpu in health["gpus"]:
+        signals = [signal for signal in gpu["signals"]
+                   if not signal.get("fatal") and not signal["reason"].startswith("GPU unreadable")]
+        if signals:
+            gpus.append(dict(gpu, signals=signals))
+    return dict(health, gpus=gpus)
+
+
+def _verify_usable(result: Dict[str, Any], facts: Mapping[str, Any], opts: Mapping[str, Any]) -> None:
+    """A verified node carries no GPU that needs a reset, and no driver module the kernel refused."""
+    health = _not_usable(facts, opts["ignore_xids"])
+    if health["gpus"]:
+        _fail(result, "gpu_not_usable", "GPU not usable: %s" % describe_unusable(health))
+    for problem in health["problems"]:
+        _fail(result, "node_problem", "%s; remedy: %s" % (problem["reason"], problem["remedy"]))
 
 
 def _verify_policy(result: Dict[str, Any], policy_report: Any, opts: Mapping[str, Any]) -> None:
@@ -461,7 +488,8 @@ def healthy(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = ())
 
     :param facts: ``ansible_facts.nvidia``.
     :returns: a verdict ``{"ok", "reasons", "flags", "details": {flag: reason}}`` (flags
-        ``facts_missing``, ``driver_state``, ``no_gpus``, ``gpu_unreadable``, ``fatal_xid``).
+        ``facts_missing``, ``driver_state``, ``no_gpus``, ``gpu_unreadable``, ``fatal_xid``,
+        ``gpu_not_usable``, ``node_problem``: gpu_health.node_health, whatever form the signal took).
     """
     result = _result()
     if not _is_facts(facts):
@@ -478,6 +506,11 @@ def healthy(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = ())
     fatal = fatal_xid_counts(facts, ignore_xids)
     if fatal:
         _fail(result, "fatal_xid", "fatal Xid in this boot's kernel log: %s" % _describe_xids(fatal))
+    health = _not_usable(facts, ignore_xids)
+    if health["gpus"]:
+        _fail(result, "gpu_not_usable", "GPU not usable: %s" % describe_unusable(health))
+    for problem in health["problems"]:
+        _fail(result, "node_problem", "%s; remedy: %s" % (problem["reason"], problem["remedy"]))
     return result
 
 

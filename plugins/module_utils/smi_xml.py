@@ -34,6 +34,7 @@ from xml.etree import ElementTree
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import (
     CLOCKS_EVENT_REASON_BITS,
     new_gpu,
+    new_gpu_extended,
     new_mig_device,
     normalize_pci_bus_id,
     null_if_na,
@@ -243,7 +244,39 @@ def _gpu(index: int, element: ElementTree.Element) -> Dict[str, Any]:
     }
     gpu["utilization_gpu_pct"] = parse_int(_value(element, "utilization/gpu_util"))
     gpu["processes"] = _processes(element)
+    gpu["extended"] = _extended(element, gpu["mig"])
+    # nvidia-smi prints "[GPU requires reset]" in the values it cannot read, and R550+ a
+    # <gpu_reset_status><reset_required>Yes: either way the GPU needs a reset (gpu_health).
+    if parse_enabled(_value(element, "gpu_reset_status/reset_required")) or any(
+            "requires reset" in (node.text or "").lower() for node in element.iter()):
+        gpu["errors"].append("GpuRequiresReset")
     return gpu
+
+
+def _extended(element: ElementTree.Element, mig: Dict[str, Any]) -> Dict[str, Any]:
+    """The contract's extra values (facts_model.new_gpu_extended) from one ``<gpu>`` element.
+
+    ``<default_applications_clocks>`` (MHz), ``<bar1_memory_usage><total>`` (MiB),
+    ``<gsp_firmware_version>``, ``<performance_state>``, ``<pcie_gen><max_link_gen>`` (the
+    generation attainable with the host; ``<max_device_link_gen>`` is the GPU's own); MIG capable when ``<current_mig>`` reads
+    Enabled/Disabled, not capable when it reads N/A. ``nvidia-smi -q -x`` does not list the GPU
+    instance profiles offered (``nvidia-smi mig -lgip`` does), so ``mig_profiles_offered`` stays
+    ``None`` unless MIG is unsupported (``[]``); nor the recovery action (``None``).
+    """
+    extended = new_gpu_extended()
+    extended["app_clocks_default_graphics_mhz"] = parse_int(_value(element, "default_applications_clocks/graphics_clock"))
+    extended["app_clocks_default_mem_mhz"] = parse_int(_value(element, "default_applications_clocks/mem_clock"))
+    extended["bar1_total_mib"] = parse_int(_value(element, "bar1_memory_usage/total"))
+    extended["gsp_firmware_version"] = _value(element, "gsp_firmware_version")
+    extended["pcie_gen_attainable"] = parse_int(_value(element, "pci/pci_gpu_link_info/pcie_gen/max_link_gen"))
+    state = _value(element, "performance_state")
+    extended["performance_state"] = state if state and re.match(r"^P\d{1,2}$", state) else None
+    if mig["mode_current"] is not None:
+        extended["mig_capable"] = True
+    elif element.find("mig_mode/current_mig") is not None:
+        extended["mig_capable"] = False
+        extended["mig_profiles_offered"] = []
+    return extended
 
 
 def _power(element: ElementTree.Element) -> Dict[str, Optional[float]]:

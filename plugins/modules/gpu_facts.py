@@ -176,6 +176,46 @@ ansible_facts:
             - Counts per Xid and per device, worst severity, whether any is fatal; per device and Xid
               (C(per_device_xid)) the count and the first and last time and message.
           type: dict
+        driver_messages:
+          description:
+            - NVRM kernel log lines that say a GPU needs a reset without an Xid number (at most 16), with
+              C(pci_bus_id) (null when the line names no GPU), C(time), C(message).
+          type: list
+          elements: dict
+        node:
+          description:
+            - Node-level signals beyond the driver versions; see C(docs/contract.md).
+          type: dict
+          sample:
+            secure_boot: true
+            module_signer: DKMS module signing key
+            module_signer_trusted: false
+            module_load_failures: []
+            peermem_loaded_version: null
+            peermem_state: not_loaded
+        health:
+          description:
+            - Whether the node and its GPUs are usable, whatever form the signal took (numbered Xid, driver
+              message, NVML or nvidia-smi field); C(gpus) lists only the GPUs that are not usable, C(problems)
+              the node's problems with their remedies.
+          type: dict
+          sample:
+            healthy: false
+            gpus: []
+            problems:
+              - kind: peermem_not_loaded
+                reboot_fixes: false
+        contract:
+          description:
+            - The node's hardware contract (C(docs/contract.md)) - C(node) and C(gpus) hold contract values only
+              (equal on every node of a GPU class), C(units) the per-unit values (UUID, serial, PCI bus id,
+              counters).
+          type: dict
+          sample:
+            contract_version: 1
+            node: {cuda_driver_version: "13.0", kernel: 6.1.0-28-amd64}
+            gpus: [{index: 0, memory_reserved_mib: 545, power_default_limit_w: 700.0}]
+            units: [{index: 0, uuid: GPU-00000000-0000-0000-0000-0000000000a0}]
         unsupported:
           description: Fields a GPU or the driver would not give, with the NVML error.
           type: list
@@ -412,6 +452,10 @@ def collect_live(module):
     inputs["sys_module_version"] = _read_text_file("/sys/module/nvidia/version")
     inputs["proc_version"] = _read_text_file("/proc/driver/nvidia/version")
     inputs["modules_find"] = list_nvidia_modules()
+    inputs["peermem_version"] = _read_text_file("/sys/module/nvidia_peermem/version")
+    result = _run(module, ["mokutil", "--sb-state"])
+    if result is not None:
+        inputs["mokutil_sb_state"] = "%s\n%s" % (result[1], result[2])
     result = _run(module, ["modinfo", "nvidia"])
     if result is not None:
         rc, out, err = result

@@ -27,6 +27,10 @@ BUNDLES = {
         "uname-r.txt": "24-no-module-for-running-kernel-after-kernel-update/input.txt",
     },
     "pcie-switch-downgraded": {"lspci-vvv.txt": "26-pcie-switch-ports-downgraded-gpu-ok/input.txt"},
+    "a100-mig-peermem-refused": {
+        "nvidia-smi-q.xml": "01-a100-sxm4-mig-xml-v12/input.xml",
+        "dmesg.txt": "32-nvidia-peermem-ib-core-symbol-mismatch-gb300/input-dmesg.log",
+    },
 }
 
 

@@ -255,6 +255,11 @@ def test_text_and_xml_of_the_same_gpu_give_the_same_record():
     text_gpu = dict(from_text["gpus"][0])
     xml_gpu = dict(from_xml["gpus"][1])
     assert text_gpu.pop("index") == 0 and xml_gpu.pop("index") == 1
+    # The text sample prints no BAR1 or default application clocks section; the XML does.
+    text_extended, xml_extended = text_gpu.pop("extended"), xml_gpu.pop("extended")
+    assert text_extended["performance_state"] == xml_extended["performance_state"] == "P0"
+    assert text_extended["bar1_total_mib"] is None and xml_extended["bar1_total_mib"] == 32768
+    assert (xml_extended["app_clocks_default_graphics_mhz"], xml_extended["app_clocks_default_mem_mhz"]) == (1290, 877)
     assert text_gpu == xml_gpu
     assert text_gpu["clocks_event_reasons"] == ["sw_power_cap", "hw_slowdown", "hw_power_brake_slowdown"]
     assert text_gpu["retired_pages"] == {"single_bit_ecc": 2, "double_bit_ecc": 1, "pending": True}

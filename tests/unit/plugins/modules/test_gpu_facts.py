@@ -271,3 +271,18 @@ def test_the_triage_bundle_in_the_readme_is_the_case_and_gives_its_verdict(capsy
     assert code == 0
     driver = result["ansible_facts"]["nvidia"]["driver"]
     assert (driver["userspace_version"], driver["on_disk_version"], driver["state"]) == ("595.84", "595.80", "broken")
+
+
+def test_capture_gives_the_contract_and_the_node_problem(tmp_path, capsys):
+    bundle = captures.build("a100-mig-peermem-refused", str(tmp_path / "bundle"))
+    code, result = run_module({"capture_dir": bundle}, capsys)
+    assert code == 0
+    nvidia = result["ansible_facts"]["nvidia"]
+    contract = nvidia["contract"]
+    assert contract["node"]["driver_userspace_version"] == "535.54.03"
+    assert contract["node"]["cuda_driver_version"] == "12.2"
+    assert contract["node"]["peermem_state"] == "failed"
+    assert contract["gpus"][0]["power_default_limit_w"] == 500.0 and contract["gpus"][0]["mig_capable"] is True
+    assert [unit["pci_bus_id"] for unit in contract["units"]] == [nvidia["gpus"][0]["pci_bus_id"]]
+    assert [p["kind"] for p in nvidia["health"]["problems"]] == ["peermem_not_loaded"]
+    assert nvidia["health"]["gpus"] == []

@@ -352,6 +352,27 @@ class FakeNvmlLib:
     def c_nvmlDeviceGetVbiosVersion(self, handle: Any, buf: Any, length: Any) -> None:
         _put_str(buf, self._gpu(handle, "vbios_version")["vbios_version"], length)
 
+    def c_nvmlDeviceGetGspFirmwareVersion(self, handle: Any, buf: Any) -> None:
+        # GSP firmware ships with the driver from Turing on and carries the driver's version
+        # (nvidia-smi -q: "GSP Firmware Version : 580.95.05"); Volta and older have none.
+        gpu = self._gpu(handle, "gsp_firmware_version")
+        if gpu["architecture"] in ("Kepler", "Maxwell", "Pascal", "Volta"):
+            raise SimError(D.NOT_SUPPORTED)
+        _put_str(buf, gpu.get("gsp_firmware_version") or self.node.driver_version(), 64)  # type: ignore[union-attr]
+
+    def c_nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> None:
+        # Only NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (230) is served; every other field is NotSupported.
+        gpu = self._gpu(handle)
+        array = _out(values)
+        for slot in range(int(_val(count))):
+            entry = array[slot]
+            if int(entry.fieldId) == 230:
+                entry.nvmlReturn = 0
+                entry.valueType = 1  # NVML_VALUE_TYPE_UNSIGNED_INT
+                entry.value.uiVal = int(gpu.get("recovery_action", 0))
+            else:
+                entry.nvmlReturn = D.NOT_SUPPORTED
+
     def c_nvmlDeviceGetBoardPartNumber(self, handle: Any, buf: Any, length: Any) -> None:
         _put_str(buf, self._gpu(handle)["board_part_number"], length)
 

@@ -1,0 +1,200 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Is a GPU usable, is a node usable: one verdict whatever form the signal takes.
+
+A GPU that needs a reset, or that its driver reports unusable, is not healthy, whether the
+driver said so with a numbered Xid (e.g. Xid 154 "GPU Reset Required", Xid 79, Xid 119), a
+message without a number ("GPU marked for reset", ``NV_ERR_RESET_REQUIRED``, "fallen off the
+bus"), an NVML field (``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``, remapped rows pending or failed,
+retired pages pending, GpuIsLost) or an nvidia-smi value ("[GPU requires reset]"). The node has
+its own problems, with their own remedies: a driver module the kernel refused to load (a
+signature rejected under Secure Boot: a reboot will not fix it) and a companion module that did
+not load (``nvidia_peermem``: GPUDirect RDMA is gone while every GPU looks fine).
+
+Pure functions over the ``ansible_facts.nvidia`` document (docs/facts.md, docs/contract.md).
+Sources: NVIDIA Xid catalog (xid_catalog), NVML API reference ("Field Value Enums",
+``nvmlDeviceGetRemappedRows``, ``nvmlDeviceGetRetiredPagesPendingStatus``), field cases 04, 09,
+30, 32 and 33.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Mapping, Optional
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import action_rank
+
+#: Actions that take a GPU out of service until they are done (xid_catalog.ACTIONS).
+UNUSABLE_ACTIONS = ("reset_gpu", "reboot", "hardware_inspection")
+
+# extended.recovery_action (facts_model.GPU_RECOVERY_ACTIONS) → xid_catalog action.
+_RECOVERY_TO_ACTION = {
+    "gpu_reset": "reset_gpu",
+    "drain_and_reset": "reset_gpu",
+    "drain_p2p": "reset_gpu",
+    "bus_reset": "reset_gpu",
+    "node_reboot": "reboot",
+    "system_reboot": "reboot",
+    "recover_imex_domain": "reset_gpu",
+}
+
+#: Node problems: kind → (what it means, the remedy, whether a reboot alone fixes it).
+NODE_PROBLEMS = {
+    "module_signature_rejected": (
+        "the kernel refused the NVIDIA kernel module's signature (Secure Boot / lockdown): the driver is not loaded",
+        "enroll the key that signed the module as a Machine Owner Key (mokutil --import, then confirm at the next "
+        "boot; on kernels that keep MOKs out of the machine keyring also trust it for modules with "
+        "mokutil --trust-mok-list), or install the distribution's or NVIDIA's signed precompiled modules, or boot "
+        "a kernel that trusts the key; a reboot into the same kernel will not load it",
+        False),
+    "companion_module_not_loaded": (
+        "a module of the NVIDIA driver set did not load",
+        "rebuild or reinstall the module against the running kernel's modules, then load in order",
+        False),
+    "peermem_not_loaded": (
+        "nvidia_peermem did not load: GPUDirect RDMA is unavailable on this node (NCCL over InfiniBand falls back "
+        "or fails) while the GPUs look fine",
+        "rebuild or reinstall nvidia-peermem against the running ib_core (after any MLNX_OFED / DOCA-OFED change), "
+        "then load in order: the InfiniBand stack, the NVIDIA driver, nvidia_peermem; reboot if stale module state "
+        "remains",
+        False),
+    "gpu_reset_required_unattributed": (
+        "the driver marked a GPU for reset without naming it",
+        "reset the GPUs (nvidia-smi -r) or reboot, then read the node again",
+        True),
+}
+
+
+def _signal(source: str, action: str, reason: str, fatal: bool = False) -> Dict[str, Any]:
+    return {"source": source, "action": action, "reason": reason, "fatal": fatal}
+
+
+def _xid_signals(facts: Mapping[str, Any], bus: Optional[str], ignore: set) -> List[Dict[str, Any]]:
+    signals = []
+    for event in facts.get("xid_events") or []:
+        if event.get("pci_bus_id") != bus or bus is None or event.get("xid") in ignore:
+            continue
+        action = event.get("action")
+        if action in UNUSABLE_ACTIONS or event.get("fatal"):
+            signals.append(_signal("xid", action if action in UNUSABLE_ACTIONS else "reboot", "Xid %s (%s): %s" % (
+                event.get("xid"), event.get("name") or "?", event.get("message") or ""), bool(event.get("fatal"))))
+    return signals
+
+
+def gpu_signals(gpu: Mapping[str, Any], facts: Optional[Mapping[str, Any]] = None,
+                ignore_xids: Iterable[Any] = ()) -> List[Dict[str, Any]]:
+    """Every signal that this GPU is not usable for new work as it is.
+
+    :param gpu: a GPU record of ``ansible_facts.nvidia.gpus``.
+    :param facts: the whole facts document (its ``xid_events`` and ``driver_messages`` are
+        matched to the GPU by PCI bus id), or ``None``.
+    :param ignore_xids: Xid numbers not to count (a rollout's ``ignore_xids``).
+    :returns: ``[{"source": "xid" | "driver_message" | "field" (an NVML or nvidia-smi value) | "nvidia-smi" (its "[GPU requires reset]"), "action": one of
+        :data:`UNUSABLE_ACTIONS`, "reason": str, "fatal": bool (a fatal Xid)}]``; ``[]`` for a
+        usable GPU.
+    :raises: nothing.
+    """
+    facts = facts or {}
+    ignore = set(int(x) for x in ignore_xids)
+    bus = gpu.get("pci_bus_id")
+    signals = _xid_signals(facts, bus, ignore)
+    for message in facts.get("driver_messages") or []:
+        if bus is not None and message.get("pci_bus_id") == bus:
+            signals.append(_signal("driver_message", "reset_gpu", message.get("message") or ""))
+    if not gpu.get("readable", True):
+        signals.append(_signal("field", "reboot", "GPU unreadable (%s)" % ", ".join(gpu.get("errors") or ["?"])))
+    if "GpuRequiresReset" in (gpu.get("errors") or []):
+        signals.append(_signal("nvidia-smi", "reset_gpu", "nvidia-smi prints [GPU requires reset]"))
+    rows = gpu.get("remapped_rows") or {}
+    if rows.get("failed"):
+        signals.append(_signal("field", "hardware_inspection", "row remapping failed (nvmlDeviceGetRemappedRows)"))
+    elif rows.get("pending"):
+        signals.append(_signal("field", "reset_gpu", "a row remapping waits for a GPU reset (nvmlDeviceGetRemappedRows)"))
+    if (gpu.get("retired_pages") or {}).get("pending"):
+        signals.append(_signal("field", "reset_gpu",
+                               "a page retirement waits for a GPU reset (nvmlDeviceGetRetiredPagesPendingStatus)"))
+    recovery = (gpu.get("extended") or {}).get("recovery_action")
+    if recovery and recovery != "none":
+        signals.append(_signal("field", _RECOVERY_TO_ACTION.get(recovery, "reset_gpu"),
+                               "NVML recovery action: %s (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)" % recovery))
+    return signals
+
+
+def _problem(kind: str, detail: str, evidence: List[str]) -> Dict[str, Any]:
+    meaning, remedy, reboot_fixes = NODE_PROBLEMS[kind]
+    return {"kind": kind, "reason": "%s: %s" % (meaning, detail) if detail else meaning,
+            "remedy": remedy, "reboot_fixes": reboot_fixes, "evidence": evidence}
+
+
+def node_problems(facts: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """Problems of the node as a whole, each with its remedy.
+
+    :param facts: ``ansible_facts.nvidia`` (``node.module_load_failures``, ``driver.not_loaded_cause``,
+        ``driver_messages``).
+    :returns: ``[{"kind": a key of :data:`NODE_PROBLEMS`, "reason": str, "remedy": str,
+        "reboot_fixes": bool, "evidence": [log lines]}]``.
+    :raises: nothing.
+    """
+    problems = []
+    node = facts.get("node") or {}
+    for failure in node.get("module_load_failures") or []:
+        evidence = [failure.get("first_line") or ""]
+        if failure.get("reason") == "signature_rejected":
+            signer = node.get("module_signer")
+            problems.append(_problem("module_signature_rejected", "signer %s" % (signer or "none (unsigned)"), evidence))
+        elif failure.get("module") == "nvidia_peermem":
+            detail = failure.get("reason", "").replace("_", " ")
+            if failure.get("symbols"):
+                detail += " with the loaded kernel modules (%s)" % ", ".join(failure["symbols"])
+            if failure.get("error") is not None:
+                detail += ", error %s" % failure["error"]
+            problems.append(_problem("peermem_not_loaded", detail, evidence))
+        else:
+            problems.append(_problem("companion_module_not_loaded", "%s: %s" % (
+                failure.get("module"), failure.get("reason", "").replace("_", " ")), evidence))
+    driver = facts.get("driver") or {}
+    if driver.get("not_loaded_cause") == "module_signature_rejected" and not any(
+            p["kind"] == "module_signature_rejected" for p in problems):
+        signer = node.get("module_signer")
+        problems.append(_problem("module_signature_rejected", "Secure Boot is on and the module built for the running "
+                                 "kernel (signer %s) is not loaded" % (signer or "none: unsigned"),
+                                 list(driver.get("state_reasons") or [])[:2]))
+    unattributed = [m for m in facts.get("driver_messages") or [] if m.get("pci_bus_id") is None]
+    if unattributed:
+        problems.append(_problem("gpu_reset_required_unattributed", unattributed[0].get("message") or "",
+                                 [m.get("first_line") or "" for m in unattributed[:3]]))
+    return problems
+
+
+def node_health(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = ()) -> Dict[str, Any]:
+    """The usable / not usable verdict of every GPU and of the node.
+
+    :param facts: ``ansible_facts.nvidia``, or ``None``.
+    :param ignore_xids: Xid numbers not to count.
+    :returns: ``{"healthy": bool, "gpus": [{"index", "pci_bus_id", "uuid", "usable": False,
+        "action": the most disruptive action of its signals, "signals": [...]}] (only GPUs that
+        are not usable), "problems": node_problems(facts)}``. ``healthy`` is false when a GPU is
+        not usable or the node has a problem; ``None`` facts are not healthy.
+    :raises: nothing.
+    """
+    if not facts:
+        return {"healthy": False, "gpus": [], "problems": []}
+    ignore = list(ignore_xids)
+    gpus = []
+    for gpu in facts.get("gpus") or []:
+        signals = gpu_signals(gpu, facts, ignore)
+        if signals:
+            action = max((s["action"] for s in signals), key=action_rank)
+            gpus.append({"index": gpu.get("index"), "pci_bus_id": gpu.get("pci_bus_id"), "uuid": gpu.get("uuid"),
+                         "usable": False, "action": action, "signals": signals})
+    problems = node_problems(facts)
+    return {"healthy": not gpus and not problems, "gpus": gpus, "problems": problems}
+
+
+def describe_unusable(verdict: Mapping[str, Any]) -> str:
+    """One line naming the unusable GPUs of a :func:`node_health` verdict: ``"GPU 0 (0000:0b:00.0): reset_gpu: Xid 154 ..."``."""
+    parts = []
+    for gpu in verdict.get("gpus") or []:
+        parts.append("GPU %s (%s): %s: %s" % (gpu.get("index"), gpu.get("pci_bus_id") or "?", gpu.get("action"),
+                                              gpu["signals"][0]["reason"]))
+    return "; ".join(parts)
