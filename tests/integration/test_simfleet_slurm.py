@@ -3,7 +3,8 @@
 A fleet of its own with two nodes (an H100 node of 8 GPUs, an L40S node of 4), brought up with
 ``make_fleet(..., slurm=True)``: slurmctld and munged on the host, slurmd and munged in each node.
 The tests run in order: registration, a batch job, a drain while a job runs, resume, a reboot that
-Slurm runs (``scontrol reboot ASAP nextstate=RESUME``), and a ``down`` that leaves nothing behind.
+Slurm runs (``scontrol reboot ASAP nextstate=RESUME``), a reboot outside Slurm of a drained node,
+and a ``down`` that leaves nothing behind.
 Node states are read from ``scontrol show node -o`` (``simfleet.slurmconf.parse_show_node``).
 """
 
@@ -162,6 +163,20 @@ def test_scontrol_reboot_asap_reboots_the_node_and_returns_it_idle(cluster):
     assert sf.run("node02", ["cat", "/proc/sys/kernel/random/boot_id"], check=True).stdout.strip() == after
     # The other node was left alone.
     assert _node(sf, "node01")["state"] == "IDLE"
+
+
+def test_a_reboot_outside_slurm_keeps_a_drained_node_drained_with_its_reason(cluster):
+    # What a rollout's own reboot (ansible.builtin.reboot, `simfleet reboot`) does to a node it drained.
+    sf, _fleet = cluster
+    sf.slurm(["scontrol", "update", "NodeName=node01", "State=DRAIN", "Reason=gpufleet r7: upgrade"], check=True)
+    before = sf.boot_id("node01")
+    assert sf.reboot("node01") not in (None, before)
+    time.sleep(3)
+    node = _wait(lambda: (lambda n: n if n["responding"] else None)(_node(sf, "node01")), 30, "node01 responding")
+    assert node["state"] == "IDLE+DRAIN"
+    assert node["reason"].startswith("gpufleet r7: upgrade [root@")
+    sf.slurm(["scontrol", "update", "NodeName=node01", "State=RESUME"], check=True)
+    _wait(lambda: _node(sf, "node01")["state"] == "IDLE", 30, "node01 IDLE after RESUME")
 
 
 def test_down_leaves_no_slurm_process_or_port(cluster):
