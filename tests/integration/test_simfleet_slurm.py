@@ -63,6 +63,30 @@ def _node(sf: SimFleet, name: str) -> dict:
     return dict(slurmconf.node_state(fields), state=fields["State"], reason=fields.get("Reason"), fields=fields)
 
 
+def _wait_node(sf: SimFleet, name: str, check, timeout: float, what: str) -> dict:
+    """Poll ``_node(sf, name)`` until ``check(node)`` holds; return that node's state."""
+    seen = []
+
+    def matches():
+        seen[:] = [_node(sf, name)]
+        return check(seen[0])
+
+    _wait(matches, timeout, what)
+    return seen[0]
+
+
+def _new_boot(sf: SimFleet, name: str, before: str, timeout: float) -> str:
+    """Wait for ``name`` to run a boot other than ``before``; return its boot id."""
+    seen = []
+
+    def rebooted():
+        seen[:] = [sf.boot_id(name)]
+        return seen[0] not in (None, before)
+
+    _wait(rebooted, timeout, "%s's new boot" % name)
+    return seen[0]
+
+
 def _sbatch(sf: SimFleet, node: str, partition: str, script: str) -> str:
     proc = sf.slurm(["sbatch", "--parsable", "--nodelist=" + node, "--partition=" + partition, "--chdir=/root",
                      "--output=/root/job-%j.out", "--gres=gpu:1", "--wrap", script], check=True)
@@ -138,15 +162,14 @@ def test_a_drain_waits_for_the_running_job_then_resume_returns_the_node(cluster)
     time.sleep(2)
     assert _node(sf, "node01")["summary"] == "draining"
     assert _job_state(sf, job) == "RUNNING"
-    drained = _wait(lambda: (lambda n: n if n["summary"] == "drained" else None)(_node(sf, "node01")),
-                    JOB_SECONDS + 40, "node01 DRAINED after the job")
+    drained = _wait_node(sf, "node01", lambda n: n["summary"] == "drained", JOB_SECONDS + 40, "node01 DRAINED after the job")
     assert drained["state"] == "IDLE+DRAIN"
     assert _job_state(sf, job) == ""
     with open(os.path.join(sf.root_of("node01"), "root", "job-%s.out" % job), encoding="utf-8") as f:
         assert f.read().strip() == "done"
     sf.slurm(["scontrol", "update", "NodeName=node01", "State=RESUME"], check=True)
     # slurmctld pings a resumed node first (IDLE+NOT_RESPONDING for about a second), then it is IDLE.
-    back = _wait(lambda: (lambda n: n if n["state"] == "IDLE" else None)(_node(sf, "node01")), 30, "node01 IDLE after RESUME")
+    back = _wait_node(sf, "node01", lambda n: n["state"] == "IDLE", 30, "node01 IDLE after RESUME")
     assert not back["drain"] and back["responding"]
     assert back["reason"] is None
 
@@ -156,9 +179,9 @@ def test_scontrol_reboot_asap_reboots_the_node_and_returns_it_idle(cluster):
     before = sf.boot_id("node02")
     assert before
     sf.slurm(["scontrol", "reboot", "ASAP", "nextstate=RESUME", "reason=test", "node02"], check=True)
-    after = _wait(lambda: (lambda b: b if b and b != before else None)(sf.boot_id("node02")), 120, "node02's new boot")
+    after = _new_boot(sf, "node02", before, 120)
     assert after != before
-    back = _wait(lambda: (lambda n: n if n["state"] == "IDLE" else None)(_node(sf, "node02")), 120, "node02 IDLE after its reboot")
+    back = _wait_node(sf, "node02", lambda n: n["state"] == "IDLE", 120, "node02 IDLE after its reboot")
     assert back["reason"] is None
     assert sf.run("node02", ["cat", "/proc/sys/kernel/random/boot_id"], check=True).stdout.strip() == after
     # The other node was left alone.
@@ -172,7 +195,7 @@ def test_a_reboot_outside_slurm_keeps_a_drained_node_drained_with_its_reason(clu
     before = sf.boot_id("node01")
     assert sf.reboot("node01") not in (None, before)
     time.sleep(3)
-    node = _wait(lambda: (lambda n: n if n["responding"] else None)(_node(sf, "node01")), 30, "node01 responding")
+    node = _wait_node(sf, "node01", lambda n: n["responding"], 30, "node01 responding")
     assert node["state"] == "IDLE+DRAIN"
     assert node["reason"].startswith("gpufleet r7: upgrade [root@")
     sf.slurm(["scontrol", "update", "NodeName=node01", "State=RESUME"], check=True)
