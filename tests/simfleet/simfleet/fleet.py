@@ -318,11 +318,19 @@ class Fleet:
         return slurm.SlurmCluster(self.dir, self.name, self.log)
 
     def _wait_registered(self, cluster: slurm.SlurmCluster, nodes: list[Node], timeout: float) -> None:
-        """Wait until slurmctld has heard from every node's slurmd (a state other than UNKNOWN, not ``*``)."""
+        """Wait until slurmctld has heard from every node's slurmd (a state other than UNKNOWN, not ``*``).
+
+        Raises SimfleetError at once for a node whose registration slurmctld refused (``INVALID_REG``,
+        e.g. fewer GPUs reported than configured), with its reason, and after ``timeout`` seconds.
+        """
         deadline = time.monotonic() + timeout
         pending = [n.name for n in nodes]
         while pending:
             shown = cluster.show_nodes()
+            invalid = ["%s (%s: %s)" % (name, shown[name]["State"], shown[name].get("Reason"))
+                       for name in pending if name in shown and "INVALID_REG" in shown[name].get("State", "")]
+            if invalid:
+                raise SimfleetError("slurmctld refused the registration of %s; see %s" % (", ".join(invalid), cluster.describe(None)["log"]))
             pending = [name for name in pending
                        if name not in shown or shown[name].get("State", "").startswith("UNKNOWN") or shown[name].get("State", "").endswith("*")]
             if not pending:
