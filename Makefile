@@ -18,9 +18,11 @@ export ANSIBLE_CONFIG := $(CURDIR)/tests/ansible.cfg
 export PATH := $(VENV)/bin:$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 
-# Debian packages the simulated fleet and the tests need on the control host.
+# Debian packages the simulated fleet and the tests need on the control host (slurmctld,
+# slurm-client and munge: the host side of `simfleet up --slurm`).
 HOST_PACKAGES := debootstrap debian-archive-keyring systemd-container kmod binutils dpkg-dev \
-	apt-utils gnupg openssh-client python3-venv iproute2 procps mount git shellcheck prometheus
+	apt-utils gnupg openssh-client python3-venv iproute2 procps mount git shellcheck prometheus \
+	slurmctld slurm-client munge
 
 # Molecule scenarios, each on a simulated fleet of its own.
 MOLECULE_SCENARIOS := $(sort $(notdir $(wildcard molecule/*)))

@@ -416,10 +416,10 @@ def ensure_base(cache: str, mirror: str | None = None, log: Callable[[str], None
 
 
 def cached_dirs(cache: str) -> list[str]:
-    """The base directories present in the cache (debootstrap-*, layer-*, debs-*)."""
+    """The base directories present in the cache (debootstrap-*, layer-*, packages-*, slurm-*)."""
     return sorted(
         p
-        for pattern in ("debootstrap-*", "layer-*", "packages-*")
+        for pattern in ("debootstrap-*", "layer-*", "packages-*", "slurm-*")
         for p in glob.glob(os.path.join(cache, pattern))
         if ".tmp-" not in p
     )

@@ -2,9 +2,11 @@
 
     simfleet [--name NAME] [--state-dir DIR] [--cache DIR] COMMAND ...
 
-    up [N] [--layout L] [--ports A-B] [--mirror URL]   bring N nodes up (adds to a running fleet)
+    up [N] [--layout L] [--ports A-B] [--mirror URL] [--slurm]
+                                                        bring N nodes up (adds to a running fleet);
+                                                        --slurm: with a Slurm cluster (slurmctld on the host)
     down [--purge]                                      stop nodes and the repository, unmount
-    status [--json]                                     nodes, driver, drain mark, flag, boot ids, repository
+    status [--json]                                     nodes, driver, drain mark, flag, Slurm state, boot ids, repository
     inventory [--format yaml|ini|json] [--path]         the Ansible inventory
     fault NODE|all KIND [KEY=VALUE ...]                 inject a fault (``clear`` removes them)
     reset [NODE ...]                                    nodes back to fresh
@@ -46,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--mirror", help="Debian mirror for the base (default $SIMFLEET_MIRROR or the host's)")
     up.add_argument("--timeout", type=float, help="seconds to wait for the nodes' SSH")
     up.add_argument("--json", action="store_true", help="print the status as JSON")
+    up.add_argument("--slurm", action="store_true",
+                    help="add a Slurm cluster: slurmctld and munged on the host, slurmd and munged in every node (kept by the fleet)")
 
     down = sub.add_parser("down", parents=[common], help="stop everything the fleet started and unmount")
     down.add_argument("--purge", action="store_true", help="also remove the fleet directory")
@@ -101,18 +105,25 @@ def _status_text(st: dict) -> str:
 
     Per node: name, GPU class, SSH port, state (``*`` when a reboot hang is armed), nspawn pid,
     installed driver version, drain mark (``drained`` or ``-``), rollout flag (stage and reason,
-    see :func:`_flag_text`) and boot id.
+    see :func:`_flag_text`), on a fleet with Slurm the node's Slurm state as ``scontrol show node``
+    gives it (``IDLE``, ``MIXED+DRAIN``, ...; ``-`` while slurmctld does not know it), and boot id.
     """
-    row = "%-8s %-6s %-6s %-10s %-8s %-12s %-8s %-48s %s"
+    with_slurm = bool(st.get("slurm"))
+    row = "%-8s %-6s %-6s %-10s %-8s %-12s %-8s %-48s " + ("%-22s " if with_slurm else "%s") + "%s"
     lines = ["fleet %s  (%s)" % (st["name"], st["dir"]),
              "inventory %s" % st["inventory"],
              "apt repository: %s on 127.0.0.1:%s%s" % (st["repo"]["state"], st["repo"]["port"],
-                                                       "  blocked: " + ",".join(st["repo"]["blocked"]) if st["repo"]["blocked"] else ""),
-             row % ("NODE", "CLASS", "PORT", "STATE", "NSPAWN", "DRIVER", "DRAIN", "FLAG", "BOOT ID")]
+                                                       "  blocked: " + ",".join(st["repo"]["blocked"]) if st["repo"]["blocked"] else "")]
+    if with_slurm:
+        ctld = st["slurm"]["slurmctld"]
+        lines.append("slurmctld: %s on 127.0.0.1:%s  SLURM_CONF=%s  (wrappers in %s)"
+                     % (ctld["state"], ctld["port"], st["slurm"]["conf"], st["slurm"]["bin"]))
+    lines.append(row % ("NODE", "CLASS", "PORT", "STATE", "NSPAWN", "DRIVER", "DRAIN", "FLAG", "SLURM" if with_slurm else "", "BOOT ID"))
     for n in st["nodes"]:
         state = n["state"] + ("*" if n["reboot_hang"] else "")
+        slurm_state = ((n.get("slurm") or {}).get("state") or "-") if with_slurm else ""
         lines.append(row % (n["name"], n["class"], n["port"], state, n["nspawn_pid"] or "-", n.get("driver_version") or "-",
-                            "drained" if n.get("drained") else "-", _flag_text(n.get("flag")), n["boot_id"] or "-"))
+                            "drained" if n.get("drained") else "-", _flag_text(n.get("flag")), slurm_state, n["boot_id"] or "-"))
     return "\n".join(line.rstrip() for line in lines)
 
 
@@ -147,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         fleet = Fleet(getattr(args, "name", None), getattr(args, "state_dir", None), getattr(args, "cache", None))
         cmd = args.command
         if cmd == "up":
-            st = fleet.up(args.count, args.layout, args.mirror, args.ports, args.timeout)
+            st = fleet.up(args.count, args.layout, args.mirror, args.ports, args.timeout, slurm_cluster=args.slurm)
             print(json.dumps(st, indent=2) if args.json else _status_text(st))
         elif cmd == "down":
             fleet.down(purge=args.purge, timeout=args.timeout)
@@ -179,8 +190,12 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(base.ensure_base(fleet.cache, args.mirror)))
         elif cmd == "gc":
             used = in_use_layers(fleet.cache)
+            from simfleet import slurm  # pylint: disable=import-outside-toplevel
+
             current = {"debootstrap-" + base.debootstrap_key(), "layer-" + base.layer_key(),
-                       "packages-" + base.gpu_files_digest()[:16]}
+                       "packages-" + base.gpu_files_digest()[:16],
+                       "slurm-" + slurm.layer_key([os.path.join(fleet.cache, "layer-" + base.layer_key(), "rootfs"),
+                                                   os.path.join(fleet.cache, "debootstrap-" + base.debootstrap_key(), "rootfs")])}
             for path in base.cached_dirs(fleet.cache):
                 name = os.path.basename(path)
                 if path in used or name in current:

@@ -18,7 +18,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from simfleet import DEFAULT_LAYOUT, DEFAULT_PORT_RANGE, cache_dir, fleet_dir, fleet_name
-from simfleet import aptrepo, base, inventory
+from simfleet import aptrepo, base, inventory, slurm, slurmconf
 from simfleet.node import Node
 from simfleet.proc import (
     SimfleetError,
@@ -170,6 +170,9 @@ class Fleet:
                     rec = json.load(f)
                 used.add(int(rec["repo_port"]))
                 used.update(int(n["port"]) for n in rec["nodes"])
+                used.update(int(n["slurmd_port"]) for n in rec["nodes"] if n.get("slurmd_port"))
+                if (rec.get("slurm") or {}).get("slurmctld_port"):
+                    used.add(int(rec["slurm"]["slurmctld_port"]))
             except (OSError, ValueError, KeyError, TypeError):
                 continue
         return used
@@ -177,6 +180,7 @@ class Fleet:
     def _allocate_ports(self, rec: dict[str, Any], count: int) -> list[int]:
         lo, hi = parse_port_range(rec["port_range"])
         taken = self._ports_of_other_fleets() | {rec.get("repo_port") or 0} | {n["port"] for n in rec["nodes"]}
+        taken |= {n.get("slurmd_port") or 0 for n in rec["nodes"]} | {(rec.get("slurm") or {}).get("slurmctld_port") or 0}
         out: list[int] = []
         for port in range(lo, hi + 1):
             if len(out) == count:
@@ -193,20 +197,27 @@ class Fleet:
 
     # ----- up
     def up(self, count: int | None = None, layout: str | None = None, mirror: str | None = None,
-           ports: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+           ports: str | None = None, timeout: float | None = None, slurm_cluster: bool = False) -> dict[str, Any]:
         """Bring the fleet up with ``count`` nodes (adding nodes to an existing fleet, never removing).
 
         Builds what is missing of the cached base, the driver packages, keys and repository; starts
         the repository server and every node that does not run; waits until every node answers SSH;
         writes the inventory. Running nodes are left alone, so a second ``up`` changes nothing.
-        Returns ``status()``.
+        ``slurm_cluster`` (``up --slurm``; kept by the fleet once given) adds the Slurm cluster of
+        ``simfleet.slurm``: slurmctld and munged on the host, slurmd and munged in every node, and
+        waits until every node has registered with slurmctld. Returns ``status()``.
         """
-        base.check_host()
-        profiles, gstate, _faults = _gpu()
         os.makedirs(self.dir, exist_ok=True)
+        with_slurm = slurm_cluster or bool(self.exists() and self.record().get("slurm"))
+        base.check_host(slurm.HOST_REQUIREMENTS if with_slurm else ())
+        profiles, gstate, _faults = _gpu()
         with self._lock():
             started = time.monotonic()
             rec = self._load_or_new(ports)
+            if with_slurm and not rec.get("slurm"):
+                if any(n.mounted() for n in self.nodes(rec)):
+                    raise SimfleetError("fleet %s runs without Slurm; `simfleet down`, then `up --slurm`" % self.name)
+                rec["slurm"] = {"slurmctld_port": None}
             existing = len(rec["nodes"])
             if layout:
                 rec["layout"] = layout
@@ -227,6 +238,12 @@ class Fleet:
                 new_ports = self._allocate_ports(rec, want - existing)
                 for i, port in zip(range(existing, want), new_ports):
                     rec["nodes"].append({"name": "node%02d" % (i + 1), "class": classes[i % len(classes)], "port": port})
+            if rec.get("slurm"):
+                if not rec["slurm"].get("slurmctld_port"):
+                    rec["slurm"]["slurmctld_port"] = self._allocate_ports(rec, 1)[0]
+                lacking = [n for n in rec["nodes"] if not n.get("slurmd_port")]
+                for n, port in zip(lacking, self._allocate_ports(rec, len(lacking)) if lacking else []):
+                    n["slurmd_port"] = port
             self._raise_inotify_limit(len(rec["nodes"]))
 
             nodes = self.nodes(rec)
@@ -237,13 +254,15 @@ class Fleet:
                 lowerdirs = recorded
                 if not all(os.path.isdir(d) for d in lowerdirs):
                     raise SimfleetError("the base this fleet runs on is gone; run `simfleet down` and `up` again")
-                if os.path.basename(os.path.dirname(lowerdirs[0])) != "layer-" + base.layer_key():
+                if "layer-" + base.layer_key() not in [os.path.basename(os.path.dirname(d)) for d in lowerdirs]:
                     self.log("the GPU simulation changed since fleet %s started; `down` and `up` to use it" % self.name)
                 packages = rec.get("packages_dir") or ""
                 if not os.path.isdir(packages):
                     packages = aptrepo.ensure_packages(self.cache, self.log)
             else:
                 lowerdirs = base.ensure_base(self.cache, mirror, self.log)
+                if rec.get("slurm"):
+                    lowerdirs = [slurm.ensure_layer(self.cache, lowerdirs, self.log)] + lowerdirs
                 if recorded and recorded != lowerdirs:
                     self.log("the base changed since fleet %s was made: its nodes start fresh" % self.name)
                     for n in nodes:
@@ -263,11 +282,20 @@ class Fleet:
 
             with open(self.ssh_key + ".pub", encoding="ascii") as f:
                 pubkey = f.read()
-            to_start = []
+            cluster = self.slurm() if rec.get("slurm") else None
+            if cluster:
+                if cluster.configure(rec, {n["name"]: slurm.gpu_count(n["class"]) for n in rec["nodes"]}) and cluster.slurmctld_pid():
+                    self.log("the Slurm configuration changed: restarting slurmctld")
+                    cluster.stop()
+                cluster.start(rec["slurm"]["slurmctld_port"])
+            to_start, to_reconfigure = [], []
             for n in nodes:
                 n.mount(lowerdirs)
                 n.provision(pubkey, gstate.initial_state, gstate.save_state)
+                slurm_changed = cluster.provision_node(n.root, slurm.gpu_count(n.klass)) if cluster else False
                 if n.state() in ("running", "booting", "restarting", "hung"):
+                    if slurm_changed:
+                        to_reconfigure.append(n)
                     continue
                 to_start.append(n)
             for n in to_start:
@@ -275,10 +303,42 @@ class Fleet:
             if to_start:
                 self.log("booting %d node(s): %s" % (len(to_start), ", ".join(n.name for n in to_start)))
             self._wait_ready(nodes, timeout if timeout is not None else 60 + 4 * len(nodes))
+            for n in to_reconfigure:
+                n.ssh(self.ssh_key, "systemd-tmpfiles --create /etc/tmpfiles.d/simfleet-slurm-gpus.conf && "
+                      "systemctl restart munge.service slurmd.service", timeout=60, check=True)
+            if cluster:
+                self._wait_registered(cluster, [n for n in nodes if n.state() != "hung"], 60 + 2 * len(nodes))
             self.write_inventory(rec)
             self.log("fleet %s up: %d node(s) in %.1f s; inventory %s"
                      % (self.name, len(nodes), time.monotonic() - started, self.inventory_path))
         return self.status()
+
+    def slurm(self) -> slurm.SlurmCluster:
+        """The fleet's Slurm cluster (files under ``<fleet>/slurm``; running or not)."""
+        return slurm.SlurmCluster(self.dir, self.name, self.log)
+
+    def _wait_registered(self, cluster: slurm.SlurmCluster, nodes: list[Node], timeout: float) -> None:
+        """Wait until slurmctld has heard from every node's slurmd (a state other than UNKNOWN, not ``*``).
+
+        Raises SimfleetError at once for a node whose registration slurmctld refused (``INVALID_REG``,
+        e.g. fewer GPUs reported than configured), with its reason, and after ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        pending = [n.name for n in nodes]
+        while pending:
+            shown = cluster.show_nodes()
+            invalid = ["%s (%s: %s)" % (name, shown[name]["State"], shown[name].get("Reason"))
+                       for name in pending if name in shown and "INVALID_REG" in shown[name].get("State", "")]
+            if invalid:
+                raise SimfleetError("slurmctld refused the registration of %s; see %s" % (", ".join(invalid), cluster.describe(None)["log"]))
+            pending = [name for name in pending
+                       if name not in shown or shown[name].get("State", "").startswith("UNKNOWN") or shown[name].get("State", "").endswith("*")]
+            if not pending:
+                return
+            if time.monotonic() > deadline:
+                raise SimfleetError("node(s) %s did not register with slurmctld within %.0f s; see %s and the nodes' "
+                                    "/var/log/slurm/slurmd.log" % (", ".join(pending), timeout, cluster.describe(None)["log"]))
+            time.sleep(0.5)
 
     def _load_or_new(self, ports: str | None) -> dict[str, Any]:
         if self.exists():
@@ -369,9 +429,11 @@ class Fleet:
                 n.remove_cgroups()
                 n.remove_host_leftovers()
                 n.unmount()
+            cluster = self.slurm()
+            cluster.stop()
             aptrepo.stop_server(self.dir)
             aptrepo.stop_gpg_agent(os.path.join(self.dir, "gpg"))
-            self._verify_down(nodes)
+            self._verify_down(nodes, cluster)
             if purge:
                 if mounts_under(self.dir):
                     raise SimfleetError("refusing to remove %s: still mounted below it" % self.dir)
@@ -412,9 +474,9 @@ class Fleet:
                 send_signal(pid, signal.SIGKILL)
             wait_gone(survivors, 5)
 
-    def _verify_down(self, nodes: list[Node]) -> None:
+    def _verify_down(self, nodes: list[Node], cluster: slurm.SlurmCluster) -> None:
         left_mounts = mounts_under(self.dir)
-        left_pids = [p for n in nodes for p in n.running_pids() + n.cgroup_pids()]
+        left_pids = [p for n in nodes for p in n.running_pids() + n.cgroup_pids()] + cluster.pids()
         left_mounts += [d for n in nodes for d in n.cgroup_dirs()]
         repo = aptrepo.server_pid(self.dir)
         if repo:
@@ -428,6 +490,15 @@ class Fleet:
         rec = self.record()
         nodes = [n.describe() for n in self.nodes(rec)]
         repo_pid = aptrepo.server_pid(self.dir)
+        cluster_state = None
+        if rec.get("slurm"):
+            cluster = self.slurm()
+            cluster_state = cluster.describe(rec["slurm"].get("slurmctld_port"))
+            shown = cluster.show_nodes()
+            for entry, n in zip(nodes, rec["nodes"]):
+                entry["slurmd_port"] = n.get("slurmd_port")
+                fields = shown.get(n["name"])
+                entry["slurm"] = dict(slurmconf.node_state(fields), state=fields["State"], reason=fields.get("Reason")) if fields else None
         return {
             "name": self.name,
             "dir": self.dir,
@@ -441,6 +512,7 @@ class Fleet:
                 "blocked": sorted(aptrepo.blocked(self.dir)),
                 "key": rec.get("key"),
             },
+            "slurm": cluster_state,
             "nodes": nodes,
             "counts": {s: sum(1 for n in nodes if n["state"] == s) for s in sorted({n["state"] for n in nodes})},
         }
@@ -455,6 +527,7 @@ class Fleet:
             "ssh_key": self.ssh_key,
             "repo_port": rec["repo_port"],
             "key": rec["key"],
+            "slurm": {"conf": self.slurm().conf_path, "bin": self.slurm().bin_dir} if rec.get("slurm") else None,
             "nodes": [
                 dict(n, root=self._node(n).root, repo_url=aptrepo.repo_url(rec["repo_port"], n["name"]))
                 for n in rec["nodes"]
@@ -528,6 +601,8 @@ class Fleet:
                 aptrepo.set_blocked(self.dir, n.name, False)
                 n.mount(rec["lowerdirs"])
                 n.provision(pubkey, gstate.initial_state, gstate.save_state)
+                if rec.get("slurm"):
+                    self.slurm().provision_node(n.root, slurm.gpu_count(n.klass))
                 n.start()
             self._wait_ready(nodes, timeout if timeout is not None else 60 + 4 * len(nodes))
         self.log("reset %s" % ", ".join(n.name for n in nodes))

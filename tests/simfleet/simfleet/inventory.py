@@ -13,6 +13,12 @@ Shape (YAML; ``render_ini`` writes the same in INI)::
             gpu_a100: ...
 
 Group names are ``gpu_<class>`` for the classes of ``simfleet.gpu.profiles.PROFILES``.
+
+A fleet with Slurm (``simfleet up --slurm``) adds, under ``all: vars:``, ``simfleet_slurm_conf``
+(the host side's ``slurm.conf``: ``SLURM_CONF`` for ``scontrol`` / ``sinfo`` on the controller host),
+``simfleet_slurm_bin_dir`` (wrappers that set it) and ``simfleet_slurm_drain_host: localhost`` (where
+Slurm commands run: the controller host, which runs slurmctld), and per host
+``simfleet_slurm_node_name`` (its ``NodeName``) and ``simfleet_slurm_partition`` (``gpu_<class>``).
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ def fleet_vars(fleet: dict[str, Any]) -> dict[str, Any]:
         "simfleet_apt_key_path": fleet["key"]["keyring_path"],
         "simfleet_apt_key_asc_path": fleet["key"]["armored_path"],
         "simfleet_apt_key_fingerprint": fleet["key"]["fingerprint"],
+        **({"simfleet_slurm_conf": fleet["slurm"]["conf"], "simfleet_slurm_bin_dir": fleet["slurm"]["bin"],
+            "simfleet_slurm_drain_host": "localhost"} if fleet.get("slurm") else {}),
     }
 
 
@@ -51,6 +59,8 @@ def host_vars(node: dict[str, Any]) -> dict[str, Any]:
         "simfleet_gpu_class": node["class"],
         "simfleet_node_root": node["root"],
         "simfleet_apt_repo_url": node["repo_url"],
+        **({"simfleet_slurm_node_name": node["name"], "simfleet_slurm_partition": "gpu_" + node["class"]}
+           if node.get("slurmd_port") else {}),
     }
 
 

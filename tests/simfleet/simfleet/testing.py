@@ -106,6 +106,10 @@ class SimFleet:
         self.apt_key_path: str = rec["key"]["keyring_path"]
         self.apt_key_fingerprint: str = rec["key"]["fingerprint"]
         self.repo_port: int = rec["repo_port"]
+        # Slurm (fleets made with slurm=True): the host side's slurm.conf, slurmctld's port, each node's slurmd port.
+        self.slurm_conf: str | None = fleet.slurm().conf_path if rec.get("slurm") else None
+        self.slurmctld_port: int | None = (rec.get("slurm") or {}).get("slurmctld_port")
+        self.slurmd_ports: dict[str, int] = {n["name"]: n["slurmd_port"] for n in rec["nodes"] if n.get("slurmd_port")}
 
     # ----- nodes
     def nodes_of(self, klass: str) -> list[str]:
@@ -145,6 +149,23 @@ class SimFleet:
     def status(self) -> dict[str, Any]:
         """``simfleet status --json`` as a dict."""
         return self._fleet.status()
+
+    # ----- Slurm
+    def slurm(self, argv: Sequence[str], check: bool = False, timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run a Slurm command (``["scontrol", "show", "node", "-o"]``, ``sbatch`` ...) on the host against
+        the fleet's cluster (``SLURM_CONF`` set); CompletedProcess with text stdout/stderr. Raises
+        SimfleetError with ``check`` when it fails, and when the fleet has no Slurm."""
+        from simfleet.proc import SimfleetError  # pylint: disable=import-outside-toplevel
+
+        if not self.slurm_conf:
+            raise SimfleetError("fleet %s was brought up without Slurm" % self.name)
+        return self._fleet.slurm().command(argv, timeout=timeout, check=check)
+
+    def slurm_nodes(self) -> dict[str, dict[str, str]]:
+        """``scontrol show node -o`` parsed: node -> fields (``simfleet.slurmconf.parse_show_node``)."""
+        from simfleet import slurmconf  # pylint: disable=import-outside-toplevel
+
+        return slurmconf.parse_show_node(self.slurm(["scontrol", "show", "node", "-o"], check=True).stdout)
 
     # ----- acting
     def run(self, node: str, argv: Sequence[str] | str, check: bool = False, timeout: float = 120,
@@ -245,6 +266,9 @@ def recorded_ports(cache: str | None = None, exclude: str | None = None) -> set[
             if rec.get("repo_port"):
                 used.add(int(rec["repo_port"]))
             used.update(int(n["port"]) for n in rec.get("nodes") or [])
+            used.update(int(n["slurmd_port"]) for n in rec.get("nodes") or [] if n.get("slurmd_port"))
+            if (rec.get("slurm") or {}).get("slurmctld_port"):
+                used.add(int(rec["slurm"]["slurmctld_port"]))
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
     return used
@@ -321,22 +345,24 @@ def choose_port_range(needed: int, configured: str | None = None, fleet: str | N
                         "give one with SIMFLEET_TEST_PORTS" % (size, first))
 
 
-def ports_needed(count: int | None, layout: str | None) -> int:
-    """Ports a new fleet of ``count`` nodes (None: one per ``layout`` item) takes: one per node and the repository's."""
+def ports_needed(count: int | None, layout: str | None, slurm: bool = False) -> int:
+    """Ports a new fleet of ``count`` nodes (None: one per ``layout`` item) takes: one per node and the
+    repository's; with ``slurm``, also slurmctld's and one per node's slurmd."""
     from simfleet.fleet import DEFAULT_COUNT, parse_layout  # pylint: disable=import-outside-toplevel
     from simfleet.gpu.profiles import PROFILES  # pylint: disable=import-outside-toplevel
 
     if count is None:
         count = len(parse_layout(layout, None, PROFILES)) if layout else DEFAULT_COUNT
-    return count + 1
+    return (count + 1) * (2 if slurm else 1)
 
 
-def make_fleet(name: str, count: int | None, layout: str, ports: str | None = None):
+def make_fleet(name: str, count: int | None, layout: str, ports: str | None = None, slurm: bool = False):
     """Bring a fresh fleet up (an old one of that name is purged first); return the Fleet object.
 
     ``ports`` (``"FIRST-LAST"``) is used as given; without it the fleet gets a range that no
     other fleet on this machine uses (``choose_port_range``), so a test never fails because
-    another fleet is up.
+    another fleet is up. ``slurm``: with a Slurm cluster (``simfleet up --slurm``), up once
+    every node has registered with slurmctld.
     """
     from simfleet.fleet import Fleet  # pylint: disable=import-outside-toplevel
 
@@ -345,6 +371,6 @@ def make_fleet(name: str, count: int | None, layout: str, ports: str | None = No
     if os.path.isdir(fleet.dir):
         fleet.down(purge=True)
     if not ports:
-        ports = choose_port_range(ports_needed(count, layout), fleet=name, cache=fleet.cache)
-    fleet.up(count=count, layout=layout, ports=ports)
+        ports = choose_port_range(ports_needed(count, layout, slurm), fleet=name, cache=fleet.cache)
+    fleet.up(count=count, layout=layout, ports=ports, slurm_cluster=slurm)
     return fleet
