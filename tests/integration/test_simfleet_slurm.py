@@ -182,7 +182,9 @@ def test_scontrol_reboot_asap_reboots_the_node_and_returns_it_idle(cluster):
     _new_boot(sf, "node02", before, 120)
     back = _wait_node(sf, "node02", lambda n: n["state"] == "IDLE", 120, "node02 IDLE after its reboot")
     assert back["reason"] is None
-    # Read once the node is back: while a node boots, the host may read another boot id through it.
+    # Read once the node is back: while a node boots, the host may read another boot id through it;
+    # slurmd can answer before sshd does.
+    _wait(lambda: sf.run("node02", ["true"]).returncode == 0, 60, "node02's sshd after its reboot")
     after = sf.run("node02", ["cat", "/proc/sys/kernel/random/boot_id"], check=True).stdout.strip()
     assert after not in ("", before)
     assert sf.boot_id("node02") == after
