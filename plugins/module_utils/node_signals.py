@@ -37,10 +37,12 @@ DRIVER_MODULES = ("nvidia", "nvidia_uvm", "nvidia_modeset", "nvidia_drm", "nvidi
 _MODULE = r"(?P<module>nvidia(?:[-_](?:uvm|modeset|drm|peermem))?)"
 _SYMBOL_VERSION = re.compile(r"^" + _MODULE + r": disagrees about version of symbol (?P<symbol>\S+)")
 _UNKNOWN_SYMBOL = re.compile(r"^" + _MODULE + r": Unknown symbol (?P<symbol>\S+)(?: \(err (?P<err>-?\d+)\))?")
+# "module verification failed: signature and/or required key missing - tainting kernel" is not
+# here: the kernel writes it when it loads an unsigned module without enforcing signatures (the
+# module runs, the kernel is tainted); only a rejection keeps the module out.
 _SIGNATURE = re.compile(
     r"(?:Loading of (?:unsigned module|module with unavailable key) is rejected"
-    r"|Key was rejected by service"
-    r"|module verification failed: signature and/or required key missing)", re.IGNORECASE)
+    r"|Key was rejected by service)", re.IGNORECASE)
 _INSERT_FAILED = re.compile(r"could not insert '" + _MODULE + r"': (?P<why>.+)$")
 _RESET_REQUIRED = re.compile(r"GPU marked for reset|NV_ERR_RESET_REQUIRED|\bReset required\b", re.IGNORECASE)
 _GPU_BUS = re.compile(r"\b(?:PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")

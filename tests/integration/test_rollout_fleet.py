@@ -500,7 +500,9 @@ def test_node_cut_off_mid_transaction_is_recorded_and_stays_out_of_service(rollo
     """node04's power goes during its (slow) drain: the transaction cannot go on, its rescue never runs."""
     fleet = rollouts.fleet
     proc, log = rollouts.rollout("cutoff", "node04", start=True)
-    wait_for(lambda: rollouts.lock_exists("node04"), 600, "node04 to take its lock")
+    # Its drain record is written just before the drain command (a 25 s sleep on the controller).
+    wait_for(lambda: rollouts.fleet.run("node04", "test -e /var/lib/gpufleet/rollout/drain.json").returncode == 0, 600,
+             "node04 to record its drain")
     fleet.fault("node04", "reboot_hang")
     assert fleet.reboot("node04") is None  # down, and it stays down
     code = proc.wait(timeout=900)

@@ -199,3 +199,8 @@ def test_ignored_xids_and_application_xids_leave_the_gpu_usable():
     facts["gpus"] = gpus
     assert {s["reason"].split(" ")[1] for s in node_health(facts)["gpus"][0]["signals"]} == {"109"}
     assert node_health(facts, ignore_xids=[109])["gpus"] == []
+
+
+def test_an_unsigned_module_loaded_with_a_tainted_kernel_is_not_a_refusal():
+    tainted = "nvidia: module verification failed: signature and/or required key missing - tainting kernel\n"
+    assert module_load_failures(tainted) == []
