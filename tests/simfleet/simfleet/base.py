@@ -28,7 +28,7 @@ import time
 from typing import Callable
 
 from simfleet import PACKAGE_DIR
-from simfleet.proc import SimfleetError, file_lock, mounts_under, pid_alive, run, unmount_under
+from simfleet.proc import SimfleetError, file_lock, mounts_under, pid_alive, run, unmount_under, write_file
 
 SUITE = "bookworm"
 VARIANT = "minbase"
@@ -347,25 +347,16 @@ def trim_rootfs(rootfs: str) -> None:
         if os.path.lexists(path):
             os.unlink(path)
         os.symlink("/dev/null", path)
-    _write(os.path.join(rootfs, "etc/systemd/journald.conf.d/simfleet.conf"), JOURNALD_CONF)
-    _write(os.path.join(rootfs, "etc/dpkg/dpkg.cfg.d/simfleet-unsafe-io"), DPKG_UNSAFE_IO)
-    _write(os.path.join(rootfs, "etc/apt/apt.conf.d/90simfleet"), APT_CONF)
+    write_file(os.path.join(rootfs, "etc/systemd/journald.conf.d/simfleet.conf"), JOURNALD_CONF)
+    write_file(os.path.join(rootfs, "etc/dpkg/dpkg.cfg.d/simfleet-unsafe-io"), DPKG_UNSAFE_IO)
+    write_file(os.path.join(rootfs, "etc/apt/apt.conf.d/90simfleet"), APT_CONF)
     for key in glob.glob(os.path.join(rootfs, "etc/ssh/ssh_host_*")):
         os.unlink(key)
-    _write(os.path.join(rootfs, "etc/machine-id"), "")
+    write_file(os.path.join(rootfs, "etc/machine-id"), "")
     dbus_id = os.path.join(rootfs, "var/lib/dbus/machine-id")
     if os.path.lexists(dbus_id):
         os.unlink(dbus_id)
     os.symlink("/etc/machine-id", dbus_id)
-
-
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.lexists(path):
-        os.unlink(path)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(path, mode)
 
 
 def build_layer(cache: str, debootstrap_rootfs: str, log: Callable[[str], None]) -> str:

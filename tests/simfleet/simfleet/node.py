@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 from simfleet import PACKAGE_DIR
 from simfleet.proc import (
     SimfleetError,
+    write_file,
     children,
     is_mountpoint,
     pid_alive,
@@ -163,13 +164,13 @@ class Node:
         if self.provisioned():
             return
         r = self.root
-        _write(os.path.join(r, "etc/hostname"), self.name + "\n")
-        _write(
+        write_file(os.path.join(r, "etc/hostname"), self.name + "\n")
+        write_file(
             os.path.join(r, "etc/hosts"),
             "127.0.0.1\tlocalhost\n127.0.1.1\t%s\n::1\tlocalhost ip6-localhost ip6-loopback\n" % self.name,
         )
-        _write(os.path.join(r, "etc/machine-id"), uuid.uuid4().hex + "\n", 0o444)
-        _write(os.path.join(r, "etc/ssh/sshd_config.d/simfleet.conf"), SSHD_CONFIG.format(port=self.port))
+        write_file(os.path.join(r, "etc/machine-id"), uuid.uuid4().hex + "\n", 0o444)
+        write_file(os.path.join(r, "etc/ssh/sshd_config.d/simfleet.conf"), SSHD_CONFIG.format(port=self.port))
         hostkey = os.path.join(r, "etc/ssh/ssh_host_ed25519_key")
         for path in (hostkey, hostkey + ".pub"):
             if os.path.lexists(path):
@@ -178,7 +179,7 @@ class Node:
         ssh_dir = os.path.join(r, "root/.ssh")
         os.makedirs(ssh_dir, mode=0o700, exist_ok=True)
         os.chmod(ssh_dir, 0o700)
-        _write(os.path.join(ssh_dir, "authorized_keys"), public_key.strip() + "\n", 0o600)
+        write_file(os.path.join(ssh_dir, "authorized_keys"), public_key.strip() + "\n", 0o600)
         os.makedirs(os.path.dirname(self.state_path), exist_ok=True)
         save_state(self.state_path, initial_state(self.klass, self.name))
         write_atomic(self._p("provisioned"), "%s %s\n" % (self.klass, time.strftime("%Y-%m-%dT%H:%M:%S")))
@@ -485,10 +486,3 @@ def _wait_pids(pids: list[int], timeout: float) -> bool:
     return not any(pid_alive(p) for p in pids)
 
 
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.lexists(path):
-        os.unlink(path)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(path, mode)

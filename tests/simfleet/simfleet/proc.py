@@ -347,3 +347,13 @@ def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
         f.write(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def write_file(path: str, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` anew (its directory made, a link or old file there replaced), with ``mode``."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.lexists(path):
+        os.unlink(path)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(path, mode)

@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 from simfleet import slurmconf
 from simfleet.proc import (
     SimfleetError,
+    write_file,
     descendants,
     file_lock,
     pid_alive,
@@ -110,7 +111,7 @@ def ensure_layer(cache: str, lowerdirs: Sequence[str], log: Callable[[str], None
         opts = "lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=off,metacopy=off" % (":".join(lowerdirs), upper, work)
         run(["mount", "-t", "overlay", "overlay", "-o", opts, merged])
         try:
-            _write(os.path.join(merged, "usr/sbin/policy-rc.d"), POLICY_RC_D, 0o755)
+            write_file(os.path.join(merged, "usr/sbin/policy-rc.d"), POLICY_RC_D, 0o755)
             script = ("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
                       "--no-install-recommends %s && apt-get clean" % " ".join(NODE_PACKAGES))
             argv = ["systemd-nspawn", "-q", "-D", merged, "--register=no", "--keep-unit",
@@ -126,7 +127,7 @@ def ensure_layer(cache: str, lowerdirs: Sequence[str], log: Callable[[str], None
             for rel in ("etc/munge/munge.key",):
                 if os.path.lexists(os.path.join(merged, rel)):
                     os.unlink(os.path.join(merged, rel))
-            _write(os.path.join(merged, "etc/default/slurmd"), SLURMD_DEFAULTS)
+            write_file(os.path.join(merged, "etc/default/slurmd"), SLURMD_DEFAULTS)
             os.makedirs(os.path.join(merged, "var/log/slurm"), exist_ok=True)
             os.makedirs(os.path.join(merged, "var/spool/slurmd"), exist_ok=True)
         finally:
@@ -148,15 +149,6 @@ def ensure_layer(cache: str, lowerdirs: Sequence[str], log: Callable[[str], None
         os.rename(tmp, final)
         log("Slurm layer built in %.0f s" % (time.monotonic() - started))
     return layer
-
-
-def _write(path: str, text: str, mode: int = 0o644) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.lexists(path):
-        os.unlink(path)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(path, mode)
 
 
 def _node_user(root: str, user: str) -> tuple[int, int]:
@@ -256,7 +248,7 @@ class SlurmCluster:
         for text, rel in ((_read(self.node_conf_path), "etc/slurm/slurm.conf"), (_read(self.gres_conf_path), "etc/slurm/gres.conf"),
                           (slurmconf.render_gpu_devices(gpus), "etc/tmpfiles.d/simfleet-slurm-gpus.conf")):
             if _read(os.path.join(root, rel)) != text:
-                _write(os.path.join(root, rel), text)
+                write_file(os.path.join(root, rel), text)
                 changed = True
         key_dst = os.path.join(root, "etc/munge/munge.key")
         with open(self.key_path, "rb") as f:
