@@ -484,5 +484,3 @@ def _wait_pids(pids: list[int], timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return not any(pid_alive(p) for p in pids)
-
-
