@@ -341,15 +341,6 @@ def watts_from_milliwatts(value: Optional[int]) -> Optional[float]:
     return round(int(value) / 1000.0, 3)
 
 
-def as_list(value: Any) -> List[Any]:
-    """Return ``value`` if it is a list, ``[]`` for ``None``, else ``[value]``."""
-    if value is None:
-        return []
-    if isinstance(value, list):
-        return value
-    return [value]
-
-
 # Clocks event reasons (formerly "throttle reasons"), NVML bit → name. Source: nvml.h
 # ``nvmlClocksEventReason*`` constants (NVML API reference, "Clocks Event Reasons"), and the
 # DCGM_FI_DEV_CLOCKS_EVENT_REASONS bit list of dcgm-exporter. Names are the ones used in

@@ -332,29 +332,6 @@ def _on_off(value: Any) -> str:
     return "enabled" if value else "disabled"
 
 
-def canary_blockers(gpus: List[Dict[str, Any]]) -> List[str]:
-    """Reasons why a node must not be a rollout canary: its post-upgrade health would be confounded.
-
-    :param gpus: the node's facts-model GPU records.
-    :returns: one message per finding: a GPU that cannot be read, remapped rows pending (field case
-        04) or a remapping failure (RMA), and everything :func:`gpu_pending` lists. Empty when the
-        node is a fit canary.
-    """
-    reasons = []
-    for gpu in gpus:
-        name = describe_gpu(gpu)
-        if gpu.get("readable") is False:
-            reasons.append("%s cannot be read (%s)" % (name, ", ".join(gpu.get("errors") or []) or "unknown error"))
-            continue
-        rows = gpu.get("remapped_rows") or {}
-        if rows.get("failed"):
-            reasons.append("%s: row remapping failure occurred: keep out of the pool, hardware inspection/RMA" % name)
-        pending = gpu_pending(gpu)
-        for reason in pending["reset_required"] + pending["reboot_required"]:
-            reasons.append("%s: %s" % (name, reason))
-    return reasons
-
-
 def observed(gpu: Dict[str, Any]) -> Dict[str, Any]:
     """The policy settings of one GPU as read, in the policy's terms.
 

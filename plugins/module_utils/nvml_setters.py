@@ -259,8 +259,6 @@ _SMI_LINE_RULES = (
 )
 _SMI_BUS_ID = re.compile(r"\b((?:[0-9A-Fa-f]{4,8}:)?[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7])\b")
 _SMI_RANGE = re.compile(r"between\s+([0-9.]+)\s*W\s+and\s+([0-9.]+)\s*W", re.I)
-_SMI_SUCCESS = re.compile(r"^(?:Power limit for GPU .* was set to|Enabled|Disabled|Set compute mode to|"
-                          r"GPU .* was successfully reset|All done\.)", re.I)
 
 
 def classify_smi_output(text: str) -> List[Dict[str, Any]]:
@@ -300,39 +298,6 @@ def classify_smi_output(text: str) -> List[Dict[str, Any]]:
             "range_w": [float(span.group(1)), float(span.group(2))] if span else None,
         })
     return found
-
-
-def smi_reported_success(text: str) -> bool:
-    """Tell whether an ``nvidia-smi`` setter run reported success for every GPU it touched.
-
-    :param text: the run's stdout and stderr.
-    :returns: ``False`` when :func:`classify_smi_output` finds any failure shape, even if the run
-        ends in "All done." (field case 14); otherwise ``True`` when a success line is present.
-        The caller still reads the value back: this only tells what the tool claimed.
-    """
-    if classify_smi_output(text):
-        return False
-    return any(_SMI_SUCCESS.search(line.strip()) for line in text.splitlines())
-
-
-def summarize_status(results: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
-    """Group setter results by status.
-
-    :param results: results of :func:`setter_result` (each may carry extra keys such as ``gpu``).
-    :returns: ``{status: [results]}`` for the statuses present.
-    """
-    groups = {}  # type: Dict[str, List[Dict[str, Any]]]
-    for result in results:
-        groups.setdefault(result["status"], []).append(result)
-    return groups
-
-
-def first_fatal(results: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """Return the first result whose status is in :data:`FATAL_OUTCOMES`, or ``None``."""
-    for result in results:
-        if result["status"] in FATAL_OUTCOMES:
-            return result
-    return None
 
 
 def assess_policy(plan: Dict[str, Any], after_gpus: List[Dict[str, Any]],

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from ansible.module_utils.compat.version import LooseVersion
-
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import upstream_version, versions_match
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import describe_unusable, node_health
 
@@ -808,8 +806,3 @@ def gate_verdict(per_node: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
                 if flag not in result["flags"]:
                     result["flags"].append(flag)
     return result
-
-
-def version_order(versions: Iterable[str]) -> List[str]:
-    """Driver versions sorted oldest first (``LooseVersion`` on the upstream version)."""
-    return sorted((v for v in versions if v), key=lambda v: LooseVersion(upstream_version(v) or v))

@@ -21,7 +21,7 @@ functions; Python 3.9 compatible.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Union
 
 SerialValue = Union[int, str]
 
@@ -100,21 +100,6 @@ def serial_batches(serial: Any, host_count: int) -> List[int]:
         left -= take
         item = min(item + 1, len(values) - 1)
     return batches
-
-
-def assign_batches(hosts: Sequence[Any], serial: Any) -> List[List[Any]]:
-    """Cut an ordered host list into the batches ansible-core would run.
-
-    :param hosts: host names in play order (``order: inventory`` keeps inventory order).
-    :param serial: the play's ``serial``.
-    :returns: a list of lists of hosts.
-    """
-    out = []
-    start = 0
-    for size in serial_batches(serial, len(hosts)):
-        out.append(list(hosts[start:start + size]))
-        start += size
-    return out
 
 
 def batch_count(serial: Any, host_count: int) -> int:

@@ -237,25 +237,6 @@ def load_fact_file(file_path: str, now: Optional[float] = None) -> Dict[str, Any
     return _entry(file_path, time.time() if now is None else now)
 
 
-def read_fact_files(path: str, source: str = "dir", prefix: str = "", hosts: Optional[Iterable[str]] = None,
-                    now: Optional[float] = None) -> Dict[str, Dict[str, Any]]:
-    """Read every fact file of a source at once (:func:`locate_fact_files` + :func:`load_fact_file`).
-
-    :param path: the directory: ``<host>.json`` files (``source="dir"``, as playbooks/facts.yml
-        writes them), or Ansible's ``jsonfile`` fact cache (``fact_caching_connection``; AWX:
-        ``artifacts/<job>/fact_cache``), ansible-core 2.19 and older (``source="jsonfile"``).
-    :param source: ``dir`` or ``jsonfile``. :param prefix: ``fact_caching_prefix`` (``jsonfile``).
-    :param hosts: only these hosts (others are not read); ``None`` for every file.
-    :param now: epoch seconds for ages (default: now).
-    :returns: ``{host: load_fact_file(...)}`` for each file found. When a host has both a 2.19
-        (``s1_``) and an old cache file, the 2.19 one wins.
-    :raises FactSourceError: when ``path`` is not a directory or ``source`` is unknown.
-    """
-    now = time.time() if now is None else now
-    return dict((host, _entry(file_path, now))
-                for host, file_path in locate_fact_files(path, source, prefix, hosts).items())
-
-
 def _entry(file_path: str, now: float) -> Dict[str, Any]:
     try:
         facts, wrapped = decode_cache_text(_read(file_path), wanted=True)

@@ -231,22 +231,28 @@ def test_markdown_escapes_table_cells():
 # --- fact sources ----------------------------------------------------------------------------
 
 
+def read_fact_files(path, source="dir", prefix="", hosts=None, now=None):
+    """Locate and load every fact file of a source, as the drift_report action reads them one by one."""
+    return dict((host, fact_sources.load_fact_file(file_path, now=now))
+                for host, file_path in fact_sources.locate_fact_files(path, source, prefix, hosts).items())
+
+
 def test_read_fact_dir_reads_documents_and_wrapped_facts(tmp_path):
     doc = node_facts("h100")
     (tmp_path / "h1.json").write_text(json.dumps(doc))
     (tmp_path / "h2.json").write_text(json.dumps({"ansible_facts": {"nvidia": doc}}))
     (tmp_path / "h3.json").write_text("{not json")
     (tmp_path / "h4.json").write_text(json.dumps({"other": 1}))
-    found = fact_sources.read_fact_files(str(tmp_path), now=os.path.getmtime(str(tmp_path / "h1.json")) + 10)
+    found = read_fact_files(str(tmp_path), now=os.path.getmtime(str(tmp_path / "h1.json")) + 10)
     assert sorted(found) == ["h1", "h2", "h3", "h4"]
     assert found["h1"]["facts"]["driver"]["loaded_version"] == "620.70.06"
     assert found["h2"]["facts"]["gpu_count"] == 8
     assert found["h3"]["facts"] is None and found["h3"]["error"].startswith("not JSON")
     assert found["h4"]["error"] == "no nvidia facts in the file"
     assert 9.0 <= found["h1"]["age_s"] <= 11.0
-    assert sorted(fact_sources.read_fact_files(str(tmp_path), hosts=["h1", "nope"])) == ["h1"]
+    assert sorted(read_fact_files(str(tmp_path), hosts=["h1", "nope"])) == ["h1"]
     with pytest.raises(fact_sources.FactSourceError):
-        fact_sources.read_fact_files(str(tmp_path / "nope"))
+        read_fact_files(str(tmp_path / "nope"))
 
 
 def test_tagged_payload_values_are_unwrapped():
@@ -268,7 +274,7 @@ def test_old_style_and_awx_cache_files(tmp_path):
     (tmp_path / "gpf_s1_h1").write_text(json.dumps({"__payload__": json.dumps({"nvidia": node_facts("h100")})}))
     (tmp_path / "gpf_h1").write_text(json.dumps({"nvidia": node_facts("h100", version="580.95.05")}))
     (tmp_path / "other_x").write_text("{}")
-    found = fact_sources.read_fact_files(str(tmp_path), "jsonfile", prefix="gpf_")
+    found = read_fact_files(str(tmp_path), "jsonfile", prefix="gpf_")
     assert sorted(found) == ["h1", "v1"]
     # The ansible-core 2.19 file (s1_) wins over an old-style file of the same host.
     assert found["h1"]["facts"]["driver"]["loaded_version"] == "620.70.06"
@@ -278,7 +284,7 @@ def test_old_style_and_awx_cache_files(tmp_path):
     assert fact_sources.load_fact_file(files["v1"])["wrapped"] is False
     with pytest.raises(fact_sources.FactSourceError):
         fact_sources.locate_fact_files(str(tmp_path), "redis")
-    only = fact_sources.read_fact_files(str(tmp_path), "jsonfile", prefix="gpf_", hosts=["h1", "v1", "zz"])
+    only = read_fact_files(str(tmp_path), "jsonfile", prefix="gpf_", hosts=["h1", "v1", "zz"])
     assert sorted(only) == ["h1", "v1"]
     assert only["h1"]["wrapped"] is True
 
@@ -306,7 +312,7 @@ def test_real_ansible_core_jsonfile_cache(tmp_path):
                            "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
                           cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    found = fact_sources.read_fact_files(str(cache), "jsonfile", prefix="gpf_")
+    found = read_fact_files(str(cache), "jsonfile", prefix="gpf_")
     assert list(found) == ["node-a"]
     assert found["node-a"]["facts"]["driver"]["userspace_version"] == "595.91.07"
     assert found["node-a"]["facts"]["gpus"][3]["power"]["default_limit_w"] == 350.0
@@ -386,7 +392,7 @@ def test_fact_files_of_the_wrong_shape_are_source_errors(tmp_path):
     }
     for host, text in files.items():
         (tmp_path / (host + ".json")).write_text(text)
-    found = fact_sources.read_fact_files(str(tmp_path))
+    found = read_fact_files(str(tmp_path))
     assert found["good"]["error"] is None and found["good"]["facts"]["gpu_count"] == 8
     expected = {
         "text": "no nvidia facts in the file: it holds a JSON string, expected an object",

@@ -10,7 +10,6 @@ import pytest
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_gpu
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_policy_plan import (
     PolicyError,
-    canary_blockers,
     compute_mode_key,
     diff_view,
     gpu_pending,
@@ -206,20 +205,10 @@ def test_case04_remap_pending_means_reset_required(case04_gpu):
     assert pending["reset_required"][0].startswith("row remapping pending (4 uncorrectable, 0 correctable rows)")
 
 
-def test_case04_node_is_not_a_canary(case04_gpu):
-    reasons = canary_blockers([case04_gpu])
-    assert len(reasons) == 1
-    assert reasons[0].startswith("GPU 0 (0000:07:00.0, NVIDIA A10): row remapping pending")
-
-
 def test_case04_policy_plan_carries_the_reset_required(case04_gpu):
     plan = plan_policy({"persistence_mode": True}, [case04_gpu])
     assert plan["gpus"][0]["changes"] == []  # persistence is already Enabled in the capture
     assert plan["reset_required"] is True
-
-
-def test_healthy_gpu_is_a_canary():
-    assert canary_blockers([make_gpu(0), make_gpu(1)]) == []
 
 
 # --- report and diff --------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from ansible.executor.playbook_executor import PlaybookExecutor
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.schedule import (
     DEFAULT_SERIAL,
-    assign_batches,
     batch_count,
     normalize_serial,
     pct_to_int,
@@ -103,11 +102,6 @@ def test_invalid_serial_values_are_refused():
         serial_batches([True], 10)
     with pytest.raises(ValueError):
         serial_batches([1], -1)
-
-
-def test_assign_batches_keeps_order():
-    hosts = ["a", "b", "c", "d", "e"]
-    assert assign_batches(hosts, [1, "50%"]) == [["a"], ["b", "c"], ["d", "e"]]
 
 
 def test_plan_rollout_counts_batches_and_gates():
