@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import fabricmanager_version_from_packages
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import upstream_version
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_packages import fabricmanager_version_from_packages
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version
 
 CONTRACT_VERSION = 1
 

@@ -45,7 +45,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_policy_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_plan
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import versions_match
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import versions_match
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import fatal_xid_counts
 
 SEVERITIES = ("info", "warning", "critical")

@@ -13,6 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_loaded
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_on_disk
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_packages
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import installed_packages
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi_messages
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.contract import contract_from_facts
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import node_health
@@ -74,7 +79,7 @@ def decode_capture(raw: Dict[str, bytes]) -> Dict[str, str]:
                                % err.start)
         inputs[key] = text
     if "running_kernel" in inputs:
-        inputs["running_kernel"] = ds.kernel_release_from_uname(inputs["running_kernel"])
+        inputs["running_kernel"] = driver_on_disk.kernel_release_from_uname(inputs["running_kernel"])
     return inputs
 
 
@@ -84,7 +89,7 @@ def _gpus_from_smi(inputs: Dict[str, Any], warnings: List[str], capture: bool) -
         text = inputs.get(key)
         if not text:
             continue
-        failure = ds.parse_nvidia_smi_error(text)
+        failure = smi_messages.parse_nvidia_smi_error(text)
         if failure["nvml_error"] and "<nvidia_smi_log" not in text and "Attached GPUs" not in text:
             # nvidia-smi printed its failure instead of a report: evidence, not a parse error.
             inputs.setdefault("smi_error", text)
@@ -154,7 +159,7 @@ def _node_section(inputs: Dict[str, Any], facts: Dict[str, Any], capture: bool) 
         node["module_signer_trusted"] = False
     elif node["secure_boot"] and node["module_signer"] and facts["driver"]["loaded_version"]:
         node["module_signer_trusted"] = True
-    peermem = ds.parse_sys_module_version(inputs["peermem_version"]) if inputs.get("peermem_version") else None
+    peermem = driver_loaded.parse_sys_module_version(inputs["peermem_version"]) if inputs.get("peermem_version") else None
     node["peermem_loaded_version"] = peermem
     if peermem:
         node["peermem_state"] = "loaded"
@@ -223,20 +228,20 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
     # NVML error evidence: from the NVML reader, or from a failed nvidia-smi's own words
     nvml_error = nvml.get("init_error") if nvml else None
     if nvml_error is None and inputs.get("smi_error"):
-        nvml_error = ds.nvml_error_from_text(inputs["smi_error"])
+        nvml_error = smi_messages.nvml_error_from_text(inputs["smi_error"])
     if nvml_error is None and inputs.get("smi_text") and smi is None:
-        nvml_error = ds.nvml_error_from_text(inputs["smi_text"])
+        nvml_error = smi_messages.nvml_error_from_text(inputs["smi_text"])
     if nvml_error:
         facts["nvml_error"] = nvml_error
 
     # Kernel module: loaded, on disk, flavour
     loaded = None
     if inputs.get("sys_module_version"):
-        loaded = ds.parse_sys_module_version(inputs["sys_module_version"])
-    proc = ds.parse_proc_driver_version(inputs["proc_version"]) if inputs.get("proc_version") else {}
+        loaded = driver_loaded.parse_sys_module_version(inputs["sys_module_version"])
+    proc = driver_loaded.parse_proc_driver_version(inputs["proc_version"]) if inputs.get("proc_version") else {}
     loaded = loaded or proc.get("loaded_version")
     driver["loaded_version"] = loaded
-    modinfo = ds.parse_modinfo(inputs["modinfo"]) if inputs.get("modinfo") else {}
+    modinfo = driver_on_disk.parse_modinfo(inputs["modinfo"]) if inputs.get("modinfo") else {}
     driver["on_disk_version"] = modinfo.get("on_disk_version")
     driver["kernel_module_type"] = proc.get("kernel_module_type") or modinfo.get("kernel_module_type")
 
@@ -244,16 +249,16 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
     packages = []  # type: List[Dict[str, Any]]
     packages_read = inputs.get("dpkg_l") is not None or inputs.get("rpm_qa") is not None
     if inputs.get("dpkg_l"):
-        packages = ds.parse_dpkg_l(inputs["dpkg_l"])
+        packages = installed_packages.parse_dpkg_l(inputs["dpkg_l"])
         driver["package_manager"] = "dpkg"
     elif inputs.get("rpm_qa"):
-        packages = ds.parse_rpm_qa(inputs["rpm_qa"])
+        packages = installed_packages.parse_rpm_qa(inputs["rpm_qa"])
         driver["package_manager"] = "rpm"
     if inputs.get("apt_mark_showhold"):
-        ds.mark_held(packages, ds.parse_apt_mark_showhold(inputs["apt_mark_showhold"]))
+        installed_packages.mark_held(packages, installed_packages.parse_apt_mark_showhold(inputs["apt_mark_showhold"]))
     driver["packages"] = packages
     if driver["userspace_version"] is None:
-        driver["userspace_version"] = ds.userspace_version_from_packages(packages)
+        driver["userspace_version"] = driver_packages.userspace_version_from_packages(packages)
 
     kernel_log = parse_kernel_log(inputs["kernel_log"]) if inputs.get("kernel_log") else None
     _versions_from_api_mismatch(kernel_log, driver, facts["warnings"])
@@ -281,7 +286,7 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
     if not capture:
         evidence["module_loaded"] = loaded is not None
     if inputs.get("modules_find") is not None:
-        present = ds.nvidia_modules_by_kernel(inputs["modules_find"])
+        present = driver_on_disk.nvidia_modules_by_kernel(inputs["modules_find"])
         evidence["module_present_for"] = sorted(present)
         driver["module_present_for"] = sorted(present)
         if driver["running_kernel"]:

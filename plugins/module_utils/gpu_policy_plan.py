@@ -6,7 +6,7 @@
 Pure functions: they take a policy and GPU records of the facts model
 (:func:`facts_model.new_gpu`, as ``nvml_reader.read_gpu`` fills them) and return plans and
 reports as plain dictionaries. Nothing here touches a GPU; the module and the boot-time
-re-apply script do that with :mod:`nvml_setters`.
+re-apply script do that with :mod:`gpu_policy_apply`.
 
 What takes effect when (NVML API Reference Guide, "Device Commands"; nvidia-smi(1)):
 

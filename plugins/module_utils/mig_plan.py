@@ -18,7 +18,7 @@ Each ``mig-devices`` entry is one GPU instance of that profile holding one compu
 the same size, as mig-parted creates them. A GPU matched by no entry is left alone.
 
 Pure functions: they take the parsed YAML, facts-model GPU records and each GPU's MIG profiles
-(as ``nvml_setters.read_mig_profiles`` reads them through ``nvmlDeviceGetGpuInstanceProfileInfo``)
+(as ``mig_devices.read_mig_profiles`` reads them through ``nvmlDeviceGetGpuInstanceProfileInfo``)
 and return plans and messages. Sources: mig-parted README and ``pkg/types`` (config format),
 NVIDIA MIG User Guide (profiles, slices, "MIG mode ... GPU reset"), mig-parted issue 181 and
 field case 13 (a reset refused "In use by another client" while ``nvidia_drm`` is loaded).
@@ -289,7 +289,7 @@ def plan_mig(entries: List[Dict[str, Any]], gpus: List[Dict[str, Any]],
     :param entries: the result of :func:`parse_mig_config`.
     :param gpus: the node's facts-model GPU records (``mig.mode_current``/``mode_pending``,
         ``mig.devices``, ``processes``, ``pci_device_id``).
-    :param profiles: ``{index: [profile]}`` as ``nvml_setters.read_mig_profiles`` reads them;
+    :param profiles: ``{index: [profile]}`` as ``mig_devices.read_mig_profiles`` reads them;
         ``[]`` or absent for a GPU without MIG.
     :param strict: refuse instead of skip when an entry asks MIG on a GPU that has no MIG.
     :returns: ``{"gpus": [per-GPU plan], "changes": int, "blocked": [per-GPU plan],
@@ -420,7 +420,7 @@ def diagnose_reset_failure(
     there.
 
     :param gpus: facts-model records of the GPUs whose reset failed (``processes`` as read).
-    :param smi_entries: what :func:`nvml_setters.classify_smi_output` found in the reset's output.
+    :param smi_entries: what :func:`smi_messages.classify_smi_output` found in the reset's output.
     :param nvidia_drm_loaded: ``/sys/module/nvidia_drm`` exists (``lsmod`` lists ``nvidia_drm``).
     :param persistenced_pids: pids of running ``nvidia-persistenced``.
     :param holders: other processes that hold ``/dev/nvidia*`` open: ``[{pid, name}]``.

@@ -16,7 +16,7 @@ so that the role only gathers and acts:
 * :func:`soak_verdict` / :func:`gate_verdict` — the check between two stages: no new fatal Xid,
   driver still ``ok``, same GPUs, after the soak time.
 
-Versions are compared for exact equality (``driver_state.versions_match``): loaded, userspace and
+Versions are compared for exact equality (``driver_versions.versions_match``): loaded, userspace and
 on-disk must each be the target build. Xid events carry ``fatal`` from the Xid catalog
 (``xid_catalog.classify``); a fatal Xid stops a rollout.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import upstream_version, versions_match
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version, versions_match
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import describe_unusable, node_health
 
 #: Stable codes of the verdicts' ``flags`` (a verdict's ``flags`` list uses only these).

@@ -208,7 +208,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog as bc
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_plan as pp
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import (
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.installed_packages import (
     parse_apt_mark_showhold,
     parse_dpkg_l,
     parse_rpm_qa,

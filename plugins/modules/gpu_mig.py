@@ -213,15 +213,14 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_plan import (
     plan_mig,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import error_name, load_pynvml
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters import (
-    apply_mig_plan,
-    classify_smi_output,
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_apply import apply_mig_plan
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_devices import read_mig_profiles
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_permission import (
     permission_message,
-    read_gpus,
-    read_mig_profiles,
     read_permission_context,
-    run_with_nvml,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_session import read_gpus, run_with_nvml
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_messages import classify_smi_output
 
 
 def _mig_state(gpu):

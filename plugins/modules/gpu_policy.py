@@ -208,15 +208,16 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_policy_plan im
     policy_report,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import load_pynvml
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters import (
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_policy_apply import (
     apply_policy_plan,
     assess_policy,
     planned_results,
-    permission_message,
-    read_gpus,
-    read_permission_context,
-    run_with_nvml,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_permission import (
+    permission_message,
+    read_permission_context,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_session import read_gpus, run_with_nvml
 
 _SETTING_WORDS = {
     "power_limit_w": "the power limit",

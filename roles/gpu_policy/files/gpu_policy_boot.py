@@ -71,8 +71,13 @@ def main(argv=None):
     from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_plan import (
         MigConfigError, current_layout, parse_mig_config, plan_mig)
     from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import error_name, load_pynvml
-    from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters import (
-        apply_mig_plan, apply_policy_plan, assess_policy, init_error_message, read_gpus, read_mig_profiles)
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_policy_apply import (
+        apply_policy_plan,
+        assess_policy,
+    )
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_apply import apply_mig_plan
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_devices import read_mig_profiles
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_session import init_error_message, read_gpus
 
     with open(args.policy) as handle:
         config = json.load(handle)

@@ -7,6 +7,12 @@ import os
 
 import pytest
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_loaded
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_on_disk
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_packages
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_versions
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import installed_packages
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi_messages
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import parse_nvrm_api_mismatch
 
@@ -36,17 +42,17 @@ def read_case(folder, name):
     ],
 )
 def test_upstream_version_strips_epoch_and_revision(package_version, expected):
-    assert ds.upstream_version(package_version) == expected
+    assert driver_versions.upstream_version(package_version) == expected
 
 
 def test_versions_match_is_exact():
-    assert ds.versions_match("580.126.09", "580.126.09")
-    assert ds.versions_match("580.126.20-1", "580.126.20")
-    assert not ds.versions_match("530.30.02", "530.41.03")  # same branch is not enough
-    assert not ds.versions_match("550.120", "550.127.05")
-    assert not ds.versions_match("595.71", "595.71.05")  # no prefix matching
-    assert not ds.versions_match(None, "580.82.07")
-    assert not ds.versions_match(None, None)
+    assert driver_versions.versions_match("580.126.09", "580.126.09")
+    assert driver_versions.versions_match("580.126.20-1", "580.126.20")
+    assert not driver_versions.versions_match("530.30.02", "530.41.03")  # same branch is not enough
+    assert not driver_versions.versions_match("550.120", "550.127.05")
+    assert not driver_versions.versions_match("595.71", "595.71.05")  # no prefix matching
+    assert not driver_versions.versions_match(None, "580.82.07")
+    assert not driver_versions.versions_match(None, None)
 
 
 # --- /proc/driver/nvidia/version and /sys/module/nvidia/version -----------------------------
@@ -68,7 +74,7 @@ PROC_PROPRIETARY_ARM = "NVRM version: NVIDIA UNIX aarch64 Kernel Module  550.120
 
 
 def test_proc_version_open_module():
-    parsed = ds.parse_proc_driver_version(PROC_OPEN)
+    parsed = driver_loaded.parse_proc_driver_version(PROC_OPEN)
     assert parsed == {
         "loaded_version": "580.82.07",
         "kernel_module_type": "open",
@@ -78,7 +84,7 @@ def test_proc_version_open_module():
 
 
 def test_proc_version_proprietary_module():
-    parsed = ds.parse_proc_driver_version(PROC_PROPRIETARY)
+    parsed = driver_loaded.parse_proc_driver_version(PROC_PROPRIETARY)
     assert parsed["loaded_version"] == "535.54.03"
     assert parsed["kernel_module_type"] == "proprietary"
     assert parsed["architecture"] == "x86_64"
@@ -86,13 +92,13 @@ def test_proc_version_proprietary_module():
 
 
 def test_proc_version_aarch64_variants():
-    open_arm = ds.parse_proc_driver_version(PROC_OPEN_ARM)
+    open_arm = driver_loaded.parse_proc_driver_version(PROC_OPEN_ARM)
     assert (open_arm["loaded_version"], open_arm["kernel_module_type"], open_arm["architecture"]) == (
         "550.144.03",
         "open",
         "aarch64",
     )
-    prop_arm = ds.parse_proc_driver_version(PROC_PROPRIETARY_ARM)
+    prop_arm = driver_loaded.parse_proc_driver_version(PROC_PROPRIETARY_ARM)
     assert (prop_arm["loaded_version"], prop_arm["kernel_module_type"], prop_arm["architecture"]) == (
         "550.120",
         "proprietary",
@@ -102,7 +108,7 @@ def test_proc_version_aarch64_variants():
 
 
 def test_proc_version_tegra_wording_has_no_type():
-    parsed = ds.parse_proc_driver_version(
+    parsed = driver_loaded.parse_proc_driver_version(
         "NVRM version: NVIDIA UNIX Kernel Module for aarch64  34.1.1  Release Build  (buildbrain@mobile)\n"
     )
     assert parsed["loaded_version"] == "34.1.1"
@@ -112,15 +118,15 @@ def test_proc_version_tegra_wording_has_no_type():
 
 def test_proc_version_empty_or_garbage():
     for text in (None, "", "GCC version:  gcc version 12.2.0\n", "\x00\x01garbage"):
-        assert ds.parse_proc_driver_version(text)["loaded_version"] is None
+        assert driver_loaded.parse_proc_driver_version(text)["loaded_version"] is None
 
 
 def test_sys_module_version():
-    assert ds.parse_sys_module_version("580.82.07\n") == "580.82.07"
-    assert ds.parse_sys_module_version("550.120") == "550.120"
-    assert ds.parse_sys_module_version("") is None
-    assert ds.parse_sys_module_version("not a version\n") is None
-    assert ds.parse_sys_module_version(None) is None
+    assert driver_loaded.parse_sys_module_version("580.82.07\n") == "580.82.07"
+    assert driver_loaded.parse_sys_module_version("550.120") == "550.120"
+    assert driver_loaded.parse_sys_module_version("") is None
+    assert driver_loaded.parse_sys_module_version("not a version\n") is None
+    assert driver_loaded.parse_sys_module_version(None) is None
 
 
 # --- modinfo -------------------------------------------------------------------------------
@@ -144,7 +150,7 @@ MODINFO_PROPRIETARY = "\n".join(
 
 
 def test_modinfo_full_open_module_case_23():
-    parsed = ds.parse_modinfo(
+    parsed = driver_on_disk.parse_modinfo(
         read_case("23-dkms-module-older-than-userspace-api-mismatch", "input-nvidia-all-394-modinfo.txt")
     )
     assert parsed["on_disk_version"] == "595.80"
@@ -157,7 +163,7 @@ def test_modinfo_full_open_module_case_23():
 
 
 def test_modinfo_full_proprietary_module():
-    parsed = ds.parse_modinfo(MODINFO_PROPRIETARY)
+    parsed = driver_on_disk.parse_modinfo(MODINFO_PROPRIETARY)
     assert parsed["on_disk_version"] == "550.90.07"
     assert parsed["kernel_module_type"] == "proprietary"
     assert parsed["vermagic"] == "6.8.0-45-generic SMP preempt mod_unload modversions"
@@ -165,26 +171,26 @@ def test_modinfo_full_proprietary_module():
 
 
 def test_modinfo_kernel_release_from_vermagic_when_path_is_unusual():
-    parsed = ds.parse_modinfo("filename: /opt/x/nvidia.ko\nversion: 580.82.07\nvermagic: 5.14.0-427.el9.x86_64 SMP\n")
+    parsed = driver_on_disk.parse_modinfo("filename: /opt/x/nvidia.ko\nversion: 580.82.07\nvermagic: 5.14.0-427.el9.x86_64 SMP\n")
     assert parsed["kernel_release"] == "5.14.0-427.el9.x86_64"
 
 
 def test_modinfo_bare_version():
-    parsed = ds.parse_modinfo("580.126.20\n")
+    parsed = driver_on_disk.parse_modinfo("580.126.20\n")
     assert parsed["on_disk_version"] == "580.126.20"
     assert parsed["license"] is None
     assert parsed["not_found"] is False
 
 
 def test_modinfo_module_not_found():
-    parsed = ds.parse_modinfo("modinfo: ERROR: Module nvidia not found.\n")
+    parsed = driver_on_disk.parse_modinfo("modinfo: ERROR: Module nvidia not found.\n")
     assert parsed["on_disk_version"] is None
     assert parsed["not_found"] is True
     assert parsed["error"] is None
 
 
 def test_modinfo_other_error_is_kept():
-    parsed = ds.parse_modinfo("modinfo: ERROR: could not get modinfo from 'nvidia': Exec format error\n")
+    parsed = driver_on_disk.parse_modinfo("modinfo: ERROR: could not get modinfo from 'nvidia': Exec format error\n")
     assert parsed["not_found"] is False
     assert parsed["error"].startswith("modinfo: ERROR: could not get modinfo")
 
@@ -213,7 +219,7 @@ ii  xserver-xorg-video-nvidia-580  580.105.08-0ubuntu1       amd64        NVIDIA
 
 
 def test_dpkg_l_keeps_only_driver_packages_with_status():
-    packages = ds.parse_dpkg_l(DPKG_L)
+    packages = installed_packages.parse_dpkg_l(DPKG_L)
     by_name = {p["name"]: p for p in packages}
     assert sorted(by_name) == [
         "libnvidia-compute-580",
@@ -249,7 +255,7 @@ def test_dpkg_l_keeps_only_driver_packages_with_status():
 
 
 def test_dpkg_l_all_packages_when_asked():
-    names = [p["name"] for p in ds.parse_dpkg_l(DPKG_L, driver_only=False)]
+    names = [p["name"] for p in installed_packages.parse_dpkg_l(DPKG_L, driver_only=False)]
     assert "adduser" in names and "libcudart12" in names and len(names) == 13
 
 
@@ -281,7 +287,7 @@ def test_dpkg_l_all_packages_when_asked():
     ],
 )
 def test_driver_package_filter(name, expected):
-    assert ds.is_driver_package(name) is expected
+    assert driver_packages.is_driver_package(name) is expected
 
 
 RPM_QA = """kernel-5.14.0-427.13.1.el9_4.x86_64
@@ -297,7 +303,7 @@ nvidia-container-toolkit-1.17.8-1.x86_64
 
 
 def test_rpm_qa():
-    packages = ds.parse_rpm_qa(RPM_QA)
+    packages = installed_packages.parse_rpm_qa(RPM_QA)
     assert [p["name"] for p in packages] == [
         "nvidia-driver",
         "nvidia-driver-cuda-libs",
@@ -311,25 +317,25 @@ def test_rpm_qa():
     assert kmod["architecture"] == "noarch"
     assert kmod["status"] == "installed"
     assert kmod["held"] is False and kmod["half_configured"] is False
-    assert ds.userspace_version_from_packages(packages) == "580.82.07"
-    assert ds.fabricmanager_version_from_packages(packages) == "580.82.07"
+    assert driver_packages.userspace_version_from_packages(packages) == "580.82.07"
+    assert driver_packages.fabricmanager_version_from_packages(packages) == "580.82.07"
 
 
 def test_rpm_epoch_forms():
-    packages = ds.parse_rpm_qa(
+    packages = installed_packages.parse_rpm_qa(
         "nvidia-driver-3:580.126.09-1.el9.x86_64\nlibnvidia-ml 3:580.126.09-1.el9 x86_64\n"
     )
     assert [(p["name"], p["version"]) for p in packages] == [
         ("nvidia-driver", "3:580.126.09-1.el9"),
         ("libnvidia-ml", "3:580.126.09-1.el9"),
     ]
-    assert ds.userspace_version_from_packages(packages) == "580.126.09"
+    assert driver_packages.userspace_version_from_packages(packages) == "580.126.09"
 
 
 def test_apt_mark_showhold_marks_packages_held():
-    held = ds.parse_apt_mark_showhold("nvidia-fabricmanager\nlibnvidia-nscq:amd64\n\n")
+    held = installed_packages.parse_apt_mark_showhold("nvidia-fabricmanager\nlibnvidia-nscq:amd64\n\n")
     assert held == ["nvidia-fabricmanager", "libnvidia-nscq"]
-    packages = ds.mark_held(ds.parse_dpkg_l(DPKG_L), held)
+    packages = installed_packages.mark_held(installed_packages.parse_dpkg_l(DPKG_L), held)
     by_name = {p["name"]: p for p in packages}
     assert by_name["nvidia-fabricmanager"]["held"] is True
     assert by_name["libnvidia-nscq"]["held"] is True
@@ -341,11 +347,11 @@ def test_userspace_version_prefers_nvml_library_package():
         {"name": "nvidia-utils-580", "version": "580.105.08-0ubuntu1", "installed": True},
         {"name": "libnvidia-ml1", "version": "580.126.20-1", "installed": True},
     ]
-    assert ds.userspace_version_from_packages(packages) == "580.126.20"
-    assert ds.userspace_version_from_packages(ds.parse_dpkg_l(DPKG_L)) == "580.105.08"
+    assert driver_packages.userspace_version_from_packages(packages) == "580.126.20"
+    assert driver_packages.userspace_version_from_packages(installed_packages.parse_dpkg_l(DPKG_L)) == "580.105.08"
     removed_only = [{"name": "libnvidia-ml1", "version": "580.126.20-1", "installed": False}]
-    assert ds.userspace_version_from_packages(removed_only) is None
-    assert ds.userspace_version_from_packages([]) is None
+    assert driver_packages.userspace_version_from_packages(removed_only) is None
+    assert driver_packages.userspace_version_from_packages([]) is None
 
 
 # --- nvidia-smi messages -------------------------------------------------------------------
@@ -372,7 +378,7 @@ def test_userspace_version_prefers_nvml_library_package():
     ],
 )
 def test_nvml_error_from_text(text, expected):
-    assert ds.nvml_error_from_text(text) == expected
+    assert smi_messages.nvml_error_from_text(text) == expected
 
 
 # --- field case 23: on-disk module older than the userspace -> broken ---------------------
@@ -389,7 +395,7 @@ def test_case_23_nvidia_all_modinfo_older_than_userspace_is_broken():
     assert [_mismatch_versions(m) for m in mismatches] == [
         {"client": "kwin_wayland", "pid": 1005, "client_version": "595.84", "kernel_module_version": "595.80"}
     ]
-    modinfo = ds.parse_modinfo(read_case(folder, "input-nvidia-all-394-modinfo.txt"))
+    modinfo = driver_on_disk.parse_modinfo(read_case(folder, "input-nvidia-all-394-modinfo.txt"))
     userspace = mismatches[0]["client_version"]
     loaded = mismatches[0]["kernel_module_version"]
 
@@ -406,15 +412,15 @@ def test_case_23_nvidia_all_modinfo_older_than_userspace_is_broken():
 
 def test_case_23_nobara_nvml_mismatch_with_stale_module_source_is_broken():
     folder = "23-dkms-module-older-than-userspace-api-mismatch"
-    smi = ds.parse_nvidia_smi_error(read_case(folder, "input-nobara-525-nvidia-smi.txt"))
+    smi = smi_messages.parse_nvidia_smi_error(read_case(folder, "input-nobara-525-nvidia-smi.txt"))
     assert smi["nvml_error"] == "LibRmVersionMismatch"
     assert smi["nvml_library_version_short"] == "595.71"
     assert smi["message"] == "Failed to initialize NVML: Driver/library version mismatch"
     # The short library version is not an exact version: it must not be taken as equal to 595.71.05.
-    assert not ds.versions_match(smi["nvml_library_version_short"], "595.71.05")
+    assert not driver_versions.versions_match(smi["nvml_library_version_short"], "595.71.05")
     # Package 3:dkms-nvidia-595.71.05-1.fc43 built a 595.58.03 module (case.md).
     state, reasons = ds.driver_state(
-        ds.upstream_version("3:595.71.05-1.fc43"),
+        driver_versions.upstream_version("3:595.71.05-1.fc43"),
         None,
         "595.58.03",
         None,
@@ -439,18 +445,18 @@ def test_api_mismatch_old_wording_with_syslog_prefix():
 
 def test_case_24_module_only_for_previous_kernel_is_broken():
     text = read_case("24-no-module-for-running-kernel-after-kernel-update", "input.txt")
-    running = ds.kernel_release_from_uname(
+    running = driver_on_disk.kernel_release_from_uname(
         "\n".join(line for line in text.splitlines() if line.startswith("Linux "))
     )
     assert running == "3.13.0-116-generic"
-    modules = ds.nvidia_modules_by_kernel(text)
+    modules = driver_on_disk.nvidia_modules_by_kernel(text)
     assert modules == {
         "3.13.0-88-generic": [
             "/lib/modules/3.13.0-88-generic/kernel/drivers/video/nvidia.ko",
         ]
     }
     assert running not in modules
-    nvml_error = ds.nvml_error_from_text(text)
+    nvml_error = smi_messages.nvml_error_from_text(text)
     assert nvml_error == "DriverNotLoaded"
 
     state, reasons = ds.driver_state(
@@ -494,10 +500,10 @@ def test_no_module_for_running_kernel_with_packages_is_broken():
 
 def test_case_17_unattended_upgrade_leaves_a_reboot_pending():
     folder = "17-unattended-upgrade-libnvidia-nvml-mismatch"
-    nvml_error = ds.nvml_error_from_text(read_case(folder, "input-nvidia-smi.txt"))
+    nvml_error = smi_messages.nvml_error_from_text(read_case(folder, "input-nvidia-smi.txt"))
     assert nvml_error == "LibRmVersionMismatch"
     installed = [{"name": "libnvidia-common-460", "version": "460.73.01-0ubuntu0.20.04.1", "installed": True}]
-    userspace = ds.userspace_version_from_packages(installed)
+    userspace = driver_packages.userspace_version_from_packages(installed)
     assert userspace == "460.73.01"
 
     # Loaded version not in the captured input: NVML's mismatch is evidence enough.
@@ -558,7 +564,7 @@ def test_state_broken_when_nvml_mismatch_and_disk_equals_loaded():
 
 
 def test_state_broken_when_packages_half_configured():
-    packages = ds.parse_dpkg_l(DPKG_L)
+    packages = installed_packages.parse_dpkg_l(DPKG_L)
     state, reasons = ds.driver_state("580.105.08", "580.105.08", "580.105.08", packages, {})
     assert state == "broken"
     assert "nvidia-fabricmanager 580.105.08-1 (iF)" in reasons[0]

@@ -19,7 +19,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.mig_plan import (
     plan_mig,
     profile_memory_slices,
 )
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters import classify_smi_output
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_messages import classify_smi_output
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "fixtures", "cases")
 

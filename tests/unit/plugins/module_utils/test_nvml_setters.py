@@ -8,17 +8,18 @@ import os
 import pynvml
 import pytest
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_setters import (
-    call_setter,
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_permission import (
     cap_effective_has,
-    classify_smi_output,
-    FATAL_OUTCOMES,
     in_container,
-    outcome_of_error,
     permission_message,
-    run_with_nvml,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_session import call_setter, run_with_nvml
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.setter_outcome import (
+    FATAL_OUTCOMES,
+    outcome_of_error,
     setter_result,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_messages import classify_smi_output
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "fixtures", "cases")
 

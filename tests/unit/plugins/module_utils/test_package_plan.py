@@ -10,12 +10,12 @@ import os
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_plan as pp
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import (
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_on_disk import (
     kernel_release_from_uname,
     nvidia_modules_by_kernel,
-    parse_dpkg_l,
     parse_modinfo,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.installed_packages import parse_dpkg_l
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CASES = os.path.join(HERE, "..", "..", "..", "fixtures", "cases")

@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi_messages
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
@@ -276,7 +277,7 @@ def test_preflight_refuses_fatal_xid_and_unreadable_gpu():
 
 def test_preflight_case_17_pending_reboot_unrelated_to_the_target_is_refused():
     folder = "17-unattended-upgrade-libnvidia-nvml-mismatch"
-    nvml_error = ds.nvml_error_from_text(read_case(folder, "input-nvidia-smi.txt"))
+    nvml_error = smi_messages.nvml_error_from_text(read_case(folder, "input-nvidia-smi.txt"))
     installed = [{"name": "libnvidia-common-460", "version": "460.73.01-0ubuntu0.20.04.1", "installed": True}]
     state, _reasons = ds.driver_state("460.73.01", "460.56", "460.73.01", installed, {"nvml_error": nvml_error})
     assert state == "reboot_pending"
