@@ -56,7 +56,7 @@ def rollout_preflight(facts, target_version=None, flag=None, os_reboot_required=
 
 def rollout_verify(after, before, target_version, policy_report=None, benchmark=None, options=None):
     """Verify a node after its upgrade and reboot; decide whether to roll back."""
-    return _call(rv.verify_upgrade, before, after, target_version or None, policy_report, benchmark or None,
+    return _call(rv.verify_upgrade, after, before, target_version or None, policy_report, benchmark or None,
                  options or {})
 
 
@@ -69,7 +69,7 @@ def rollout_rollback_target(snapshot, local_facts=None, explicit_version=None, f
 
 def rollout_lock(lock, owner, now, stale_after_s=21600, holder_alive=None, break_lock=False):
     """May this run take the node's rollout lock?"""
-    return _call(rv.lock_verdict, lock, owner or {}, float(now), float(stale_after_s or 0), holder_alive,
+    return _call(rv.rollout_lock, lock, owner or {}, float(now), float(stale_after_s or 0), holder_alive,
                  bool(break_lock))
 
 
@@ -107,12 +107,12 @@ def rollout_drained_by_others(state, record):
 
 def rollout_snapshot(saved, fresh, rollout_id):
     """Keep the snapshot of an interrupted attempt of the same rollout, else the fresh one."""
-    return _call(rv.choose_snapshot, saved or None, fresh, rollout_id)
+    return _call(rv.rollout_snapshot, saved or None, fresh, rollout_id)
 
 
 def rollout_soak(current, baseline, options=None):
     """One node after the soak: still healthy, no new fatal Xid since its verification."""
-    return _call(rv.soak_verdict, baseline, current, options or {})
+    return _call(rv.soak_verdict, current, baseline, options or {})
 
 
 def rollout_gate(per_node):

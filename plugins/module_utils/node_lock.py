@@ -5,7 +5,7 @@
 
 The lock (``/var/lib/gpufleet/rollout/lock.json`` by default) says which rollout run holds
 the node: ``{"rollout_id", "run_id", "controller", "pid", "acquired_at"}``. The controller
-reads it, decides whether it may take it (``rollout_verdict.lock_verdict``: free, its own, a
+reads it, decides whether it may take it (``rollout_verdict.rollout_lock``: free, its own, a
 dead or stale holder, or broken on request) and then takes it with :func:`acquire`, which
 compares and swaps: under an exclusive ``flock`` on the state directory it takes the lock
 only when the file is still what the decision was made on (:func:`identity`), and writes it
@@ -122,7 +122,7 @@ def acquire(path: str, lock: Mapping[str, Any], expect: Optional[str]) -> Dict[s
     """Take the lock if the file is still what the decision was made on.
 
     :param path: the lock file; its directory is created (0700) and ``flock``-ed meanwhile.
-    :param lock: the lock to write (``rollout_verdict.lock_verdict``'s ``lock``).
+    :param lock: the lock to write (``rollout_verdict.rollout_lock``'s ``lock``).
     :param expect: :func:`identity` of the lock file when it was read (``None``: it was absent).
     :returns: ``{"acquired": bool, "changed": bool, "found": the lock now there (dict, or None
         when absent or unreadable), "reason": str | None}``. ``acquired`` is false when

@@ -12,7 +12,7 @@ so that the role only gathers and acts:
 * :func:`verify_upgrade` — after the reboot: is the node healthy on the target version, and if
   not, should it go back to its last known-good driver (``rollback``)?
 * :func:`rollback_target` — which version is "last known-good" for this node.
-* :func:`lock_verdict` — may this run take the node's rollout lock?
+* :func:`rollout_lock` — may this run take the node's rollout lock?
 * :func:`soak_verdict` / :func:`gate_verdict` — the check between two stages: no new fatal Xid,
   driver still ``ok``, same GPUs, after the soak time.
 
@@ -328,7 +328,7 @@ def _rebooted(opts: Mapping[str, Any]) -> bool:
     return True
 
 
-def verify_upgrade(before: Optional[Mapping[str, Any]], after: Optional[Mapping[str, Any]],
+def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[str, Any]],
                    target_version: Optional[str], policy_report: Any = None,
                    benchmark: Optional[Mapping[str, Any]] = None,
                    options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
@@ -346,8 +346,9 @@ def verify_upgrade(before: Optional[Mapping[str, Any]], after: Optional[Mapping[
     * the policy report (when given) shows every managed setting in effect;
     * the benchmark (when given) reaches ``benchmark_threshold`` × the snapshot's result.
 
+    :param after: ``ansible_facts.nvidia`` read after the reboot (first, as the ``rollout_verify``
+        filter takes it).
     :param before: ``ansible_facts.nvidia`` of the snapshot (after drain, before install).
-    :param after: ``ansible_facts.nvidia`` read after the reboot.
     :param target_version: the exact version the upgrade installed (``"620.70.06"``).
     :param policy_report: see :func:`policy_problems`; ``None`` skips the check (it fails when
         ``require_policy`` is set).
@@ -654,7 +655,7 @@ def rollback_target(snapshot: Optional[Mapping[str, Any]], local_facts: Optional
             "reason": "no known-good version other than %s" % (failed_version or "the target")}
 
 
-def choose_snapshot(saved: Optional[Mapping[str, Any]], fresh: Mapping[str, Any], rollout_id: str) -> Dict[str, Any]:
+def rollout_snapshot(saved: Optional[Mapping[str, Any]], fresh: Mapping[str, Any], rollout_id: str) -> Dict[str, Any]:
     """Keep the snapshot of an interrupted attempt of the same rollout, else take the fresh one.
 
     A resumed run finds the node mid-transaction (installed, not rebooted): its facts then show
@@ -679,12 +680,13 @@ def choose_snapshot(saved: Optional[Mapping[str, Any]], fresh: Mapping[str, Any]
     return out
 
 
-def lock_verdict(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s: float = 21600,
+def rollout_lock(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s: float = 21600,
                  holder_alive: Optional[bool] = None, break_lock: bool = False) -> Dict[str, Any]:
     """May this run take the node's rollout lock?
 
-    The lock file (``/var/lib/gpufleet/rollout.lock``) holds ``{"rollout_id", "run_id",
-    "controller", "pid", "acquired_at" (epoch seconds)}``.
+    The lock file (``<node_upgrade_state_dir>/lock.json``, ``/var/lib/gpufleet/rollout/lock.json``
+    by default) holds ``{"rollout_id", "run_id", "controller", "pid", "acquired_at" (epoch
+    seconds)}``.
 
     * no lock, or a lock of this very run (same ``run_id``) → take it;
     * a lock whose holder is known dead (``holder_alive`` false: same controller, its
@@ -748,12 +750,13 @@ def lock_verdict(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
 # ---------------------------------------------------------------------------------------------
 
 
-def soak_verdict(baseline: Optional[Mapping[str, Any]], current: Optional[Mapping[str, Any]],
+def soak_verdict(current: Optional[Mapping[str, Any]], baseline: Optional[Mapping[str, Any]],
                  options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """One node after the soak time: still healthy, and no new fatal Xid since its verification.
 
+    :param current: ``ansible_facts.nvidia`` read after the soak (first, as the ``rollout_soak``
+        filter takes it).
     :param baseline: ``ansible_facts.nvidia`` read when the node was verified (or skipped).
-    :param current: ``ansible_facts.nvidia`` read after the soak.
     :param options: ``before_boot_id`` / ``after_boot_id`` (a reboot during the soak counts every
         fatal Xid as new and is itself flagged), ``ignore_xids``, ``max_new_xids`` (all Xid
         events, fatal or not, allowed during the soak; ``None`` for no limit).

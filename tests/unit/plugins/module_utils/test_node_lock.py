@@ -12,7 +12,7 @@ import os
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.rollout import rollout_state_file
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import lock_verdict
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import rollout_lock
 
 OWNER = {"rollout_id": "driver-ltsb", "run_id": "ctl-1-1", "controller": "ctl", "pid": 11}
 OTHER = {"rollout_id": "driver-620", "run_id": "ctl2-2-2", "controller": "ctl2", "pid": 22}
@@ -140,9 +140,9 @@ def test_state_file_filter_reads_slurp_results():
 
 def test_unreadable_lock_is_refused_with_its_reason_and_taken_over_on_break():
     reason = "/var/lib/gpufleet/rollout/lock.json is not JSON (Expecting value: line 1 column 1 (char 0))"
-    refused = lock_verdict(reason, OWNER, 200.0)
+    refused = rollout_lock(reason, OWNER, 200.0)
     assert refused["ok"] is False and refused["flags"] == ["lock_unreadable"]
     assert refused["reasons"] == [reason + ": inspect and remove it, or set node_upgrade_lock_break=true to take "
                                            "the node over"]
-    taken = lock_verdict(reason, OWNER, 200.0, break_lock=True)
+    taken = rollout_lock(reason, OWNER, 200.0, break_lock=True)
     assert taken["ok"] is True and taken["takeover"] is True and taken["lock"]["run_id"] == "ctl-1-1"

@@ -17,10 +17,10 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import (
     FLAGS,
     benchmark_verdict,
-    choose_snapshot,
+    rollout_snapshot,
     fatal_xid_counts,
     gate_verdict,
-    lock_verdict,
+    rollout_lock,
     new_fatal_xids,
     on_target,
     policy_problems,
@@ -104,7 +104,7 @@ def test_new_fatal_xids_same_boot_compares_counts_new_boot_counts_all():
 
 
 def test_verify_happy_path():
-    verdict = verify_upgrade(facts(OLD), facts(NEW), NEW, options={"before_boot_id": "a", "after_boot_id": "b"})
+    verdict = verify_upgrade(facts(NEW), facts(OLD), NEW, options={"before_boot_id": "a", "after_boot_id": "b"})
     assert verdict["ok"] is True
     assert verdict["rollback"] is False
     assert verdict["flags"] == []
@@ -115,7 +115,7 @@ def test_verify_happy_path():
 
 def test_verify_version_mismatch_after_reboot_rolls_back():
     after = facts(NEW, loaded="620.48.02", state="reboot_pending")
-    verdict = verify_upgrade(facts(OLD), after, NEW)
+    verdict = verify_upgrade(after, facts(OLD), NEW)
     assert verdict["ok"] is False
     assert verdict["rollback"] is True
     assert verdict["flags"] == ["driver_state", "version_not_loaded"]
@@ -125,7 +125,7 @@ def test_verify_version_mismatch_after_reboot_rolls_back():
 def test_verify_gpu_lost_after_reboot():
     # The lost GPU is gone from NVML after the reboot and its Xid 79 is in the new boot's log.
     after = facts(NEW, gpus=7, kernel_log_text=XID79)
-    verdict = verify_upgrade(facts(OLD), after, NEW, options={"rebooted": True})
+    verdict = verify_upgrade(after, facts(OLD), NEW, options={"rebooted": True})
     assert verdict["rollback"] is True
     assert "gpu_count_changed" in verdict["flags"]
     assert "new_fatal_xid" in verdict["flags"]
@@ -136,39 +136,39 @@ def test_verify_gpu_lost_after_reboot():
 
 def test_verify_gpu_unreadable_and_attached_mismatch():
     after = facts(NEW, lost=(3,))
-    verdict = verify_upgrade(facts(OLD), after, NEW)
+    verdict = verify_upgrade(after, facts(OLD), NEW)
     assert verdict["flags"] == ["gpu_unreadable"]
     assert "GPU 3 (0000:48:00.0): GpuIsLost" in verdict["reasons"][0]
     after = facts(NEW)
     after["attached_gpus"] = 8
     after["gpus"] = after["gpus"][:7]
     after["gpu_count"] = 7
-    verdict = verify_upgrade(facts(OLD), after, NEW, options={"allow_gpu_count_change": True})
+    verdict = verify_upgrade(after, facts(OLD), NEW, options={"allow_gpu_count_change": True})
     assert verdict["flags"] == ["gpu_count_changed"]
     assert "8 GPU(s) attached but 7 listed" in verdict["reasons"][0]
 
 
 def test_verify_xid_storm_case_06_after_reboot():
     after = facts(NEW, kernel_log_text=read_case("06-xid119-gsp-rpc-timeout", "input.log"))
-    verdict = verify_upgrade(facts(OLD), after, NEW, options={"before_boot_id": "x", "after_boot_id": "y"})
+    verdict = verify_upgrade(after, facts(OLD), NEW, options={"before_boot_id": "x", "after_boot_id": "y"})
     assert verdict["flags"] == ["new_fatal_xid"]
     assert verdict["new_fatal_xids"] == {"119": 5}
     assert "Xid 119 ×5 on 0000:9b:00.0" in verdict["reasons"][0]
     # Same boot (no reboot between the readings) and the same counts: nothing new.
     before = facts(OLD, kernel_log_text=read_case("06-xid119-gsp-rpc-timeout", "input.log"))
-    assert verify_upgrade(before, after, NEW, options={"before_boot_id": "x", "after_boot_id": "x"})["ok"] is True
+    assert verify_upgrade(after, before, NEW, options={"before_boot_id": "x", "after_boot_id": "x"})["ok"] is True
     # An operator-ignored Xid does not count.
-    assert verify_upgrade(facts(OLD), after, NEW, options={"ignore_xids": [119]})["ok"] is True
+    assert verify_upgrade(after, facts(OLD), NEW, options={"ignore_xids": [119]})["ok"] is True
 
 
 def test_verify_non_fatal_xids_do_not_stop_a_rollout():
     after = facts(NEW, kernel_log_text=read_case("08-xid13-xid31-xid109-same-gpu", "input.log"))
-    assert verify_upgrade(facts(OLD), after, NEW)["ok"] is True
+    assert verify_upgrade(after, facts(OLD), NEW)["ok"] is True
 
 
 def test_verify_case_09_row_remapper_failure_is_fatal():
     after = facts(NEW, kernel_log_text=read_case("09-xid63-xid64-row-remapper-training-run", "input.log"))
-    verdict = verify_upgrade(facts(OLD), after, NEW)
+    verdict = verify_upgrade(after, facts(OLD), NEW)
     assert verdict["new_fatal_xids"] == {"64": 1}
 
 
@@ -183,20 +183,20 @@ def test_verify_policy_report():
     assert problems["not_in_effect"] == ["GPU 0: power_limit_w is 700.0, wanted 600.0",
                                          "GPU 1: MIG layout failed (in use by another client)"]
     assert problems["pending"] == ["GPU 1: ecc_mode True waits for a reboot"]
-    verdict = verify_upgrade(facts(OLD), facts(NEW), NEW, policy_report=report)
+    verdict = verify_upgrade(facts(NEW), facts(OLD), NEW, policy_report=report)
     assert verdict["flags"] == ["policy_not_in_effect", "policy_pending"]
     assert verdict["rollback"] is True
     good = [{"index": 0, "wanted": {"power_limit_w": 600.0}, "in_effect": {"power_limit_w": 600.0},
              "pending": {}, "drift": [], "mig": {"status": "ok"}}]
-    assert verify_upgrade(facts(OLD), facts(NEW), NEW, policy_report=good)["ok"] is True
-    assert verify_upgrade(facts(OLD), facts(NEW), NEW, options={"require_policy": True})["flags"] == [
+    assert verify_upgrade(facts(NEW), facts(OLD), NEW, policy_report=good)["ok"] is True
+    assert verify_upgrade(facts(NEW), facts(OLD), NEW, options={"require_policy": True})["flags"] == [
         "policy_not_in_effect"]
 
 
 def test_verify_benchmark_threshold():
-    ok = verify_upgrade(facts(OLD), facts(NEW), NEW, benchmark={"before": 1000.0, "after": 950.0})
+    ok = verify_upgrade(facts(NEW), facts(OLD), NEW, benchmark={"before": 1000.0, "after": 950.0})
     assert ok["ok"] is True and ok["benchmark"]["ratio"] == 0.95
-    bad = verify_upgrade(facts(OLD), facts(NEW), NEW, benchmark={"before": 1000.0, "after": 850.0},
+    bad = verify_upgrade(facts(NEW), facts(OLD), NEW, benchmark={"before": 1000.0, "after": 850.0},
                          options={"benchmark_threshold": 0.9})
     assert bad["flags"] == ["benchmark_regression"]
     assert bad["benchmark"]["ratio"] == 0.85
@@ -206,19 +206,19 @@ def test_verify_benchmark_threshold():
     assert benchmark_verdict(None, 3.0)["ok"] is None
     with pytest.raises(ValueError):
         benchmark_verdict(1.0, 1.0, 1.5)
-    missing = verify_upgrade(facts(OLD), facts(NEW), NEW, options={"require_benchmark": True})
+    missing = verify_upgrade(facts(NEW), facts(OLD), NEW, options={"require_benchmark": True})
     assert missing["flags"] == ["benchmark_missing"]
 
 
 def test_verify_without_known_good_leaves_the_node_flagged_not_rolled_back():
-    verdict = verify_upgrade(facts(OLD), facts(NEW, gpus=7), NEW, options={"rollback_available": False})
+    verdict = verify_upgrade(facts(NEW, gpus=7), facts(OLD), NEW, options={"rollback_available": False})
     assert verdict["ok"] is False
     assert verdict["rollback"] is False
     assert "no_known_good" in verdict["flags"]
 
 
 def test_verify_unreachable_node_has_no_facts():
-    verdict = verify_upgrade(facts(OLD), None, NEW)
+    verdict = verify_upgrade(None, facts(OLD), NEW)
     assert verdict["flags"] == ["facts_missing"]
     assert verdict["rollback"] is True
 
@@ -226,14 +226,14 @@ def test_verify_unreachable_node_has_no_facts():
 def test_verify_fresh_install_without_gpus_before():
     before = facts(None, state="not_installed", gpus=0)
     before["driver"].update(userspace_version=None, loaded_version=None, on_disk_version=None)
-    assert verify_upgrade(before, facts(NEW), NEW)["ok"] is True
-    assert "gpu_count_unknown_before" in verify_upgrade(before, facts(NEW), NEW)["flags"]
-    assert verify_upgrade(before, facts(NEW, gpus=0), NEW)["flags"] == ["no_gpus"]
+    assert verify_upgrade(facts(NEW), before, NEW)["ok"] is True
+    assert "gpu_count_unknown_before" in verify_upgrade(facts(NEW), before, NEW)["flags"]
+    assert verify_upgrade(facts(NEW, gpus=0), before, NEW)["flags"] == ["no_gpus"]
 
 
 def test_every_flag_is_documented():
     verdicts = [
-        verify_upgrade(facts(OLD), facts(NEW, gpus=7, kernel_log_text=XID79, state="broken"), NEW,
+        verify_upgrade(facts(NEW, gpus=7, kernel_log_text=XID79, state="broken"), facts(OLD), NEW,
                        policy_report={"ok": False, "reasons": ["x"]}, benchmark={"before": 2, "after": 1}),
         preflight(facts(OLD, kernel_log_text=XID79), NEW, flag={"flagged": True}, os_reboot_required=True),
     ]
@@ -359,43 +359,43 @@ def test_rollback_target_never_the_failed_version():
 def test_choose_snapshot_keeps_an_interrupted_attempt_of_the_same_rollout():
     saved = {"rollout_id": "ltsb", "taken_at": "t0", "facts": facts(OLD)}
     fresh = {"rollout_id": "ltsb", "taken_at": "t1", "facts": facts(NEW, loaded=OLD, state="reboot_pending")}
-    chosen = choose_snapshot(saved, fresh, "ltsb")
+    chosen = rollout_snapshot(saved, fresh, "ltsb")
     assert chosen["resumed"] is True and chosen["taken_at"] == "t0"
-    assert choose_snapshot(saved, fresh, "pb")["taken_at"] == "t1"
-    assert choose_snapshot(None, fresh, "ltsb")["resumed"] is False
+    assert rollout_snapshot(saved, fresh, "pb")["taken_at"] == "t1"
+    assert rollout_snapshot(None, fresh, "ltsb")["resumed"] is False
     # A snapshot whose transaction ended (upgraded or rolled back) is history, not an attempt to resume.
-    assert choose_snapshot(dict(saved, completed=True), fresh, "ltsb")["taken_at"] == "t1"
+    assert rollout_snapshot(dict(saved, completed=True), fresh, "ltsb")["taken_at"] == "t1"
 
 
 OWNER = {"rollout_id": "ltsb", "run_id": "ctl-100-5", "controller": "ctl", "pid": 100}
 
 
 def test_lock_free_or_own():
-    assert lock_verdict(None, OWNER, 1000.0)["ok"] is True
-    own = lock_verdict(dict(OWNER, acquired_at=900.0), OWNER, 1000.0)
+    assert rollout_lock(None, OWNER, 1000.0)["ok"] is True
+    own = rollout_lock(dict(OWNER, acquired_at=900.0), OWNER, 1000.0)
     assert own["ok"] is True and own["takeover"] is False and own["lock"]["acquired_at"] == 900.0
 
 
 def test_lock_of_a_live_concurrent_run_is_refused():
     other = {"rollout_id": "ltsb", "run_id": "ctl-200-7", "controller": "ctl", "pid": 200, "acquired_at": 990.0}
-    verdict = lock_verdict(other, OWNER, 1000.0, holder_alive=True)
+    verdict = rollout_lock(other, OWNER, 1000.0, holder_alive=True)
     assert verdict["ok"] is False
     assert verdict["flags"] == ["locked"]
     assert "run ctl-200-7, controller ctl, pid 200" in verdict["reasons"][0]
     # Another controller: liveness unknown, not stale yet.
-    assert lock_verdict(dict(other, controller="awx"), OWNER, 1000.0)["ok"] is False
+    assert rollout_lock(dict(other, controller="awx"), OWNER, 1000.0)["ok"] is False
 
 
 def test_lock_of_a_killed_run_or_stale_lock_is_taken_over():
     other = {"rollout_id": "ltsb", "run_id": "ctl-200-7", "controller": "ctl", "pid": 200, "acquired_at": 990.0}
-    dead = lock_verdict(other, OWNER, 1000.0, holder_alive=False)
+    dead = rollout_lock(other, OWNER, 1000.0, holder_alive=False)
     assert dead["ok"] is True and dead["takeover"] is True and dead["flags"] == ["lock_taken_over"]
     assert dead["lock"]["run_id"] == "ctl-100-5"
-    stale = lock_verdict(dict(other, acquired_at=0.0), OWNER, 30000.0, stale_after_s=21600)
+    stale = rollout_lock(dict(other, acquired_at=0.0), OWNER, 30000.0, stale_after_s=21600)
     assert stale["takeover"] is True
-    assert lock_verdict(dict(other, acquired_at=0.0), OWNER, 30000.0, stale_after_s=0)["ok"] is False
-    assert lock_verdict("garbage", OWNER, 1.0)["flags"] == ["lock_unreadable"]
-    assert lock_verdict("garbage", OWNER, 1.0, break_lock=True)["takeover"] is True
+    assert rollout_lock(dict(other, acquired_at=0.0), OWNER, 30000.0, stale_after_s=0)["ok"] is False
+    assert rollout_lock("garbage", OWNER, 1.0)["flags"] == ["lock_unreadable"]
+    assert rollout_lock("garbage", OWNER, 1.0, break_lock=True)["takeover"] is True
 
 
 # --- soak gate -------------------------------------------------------------------------------
@@ -404,15 +404,15 @@ def test_lock_of_a_killed_run_or_stale_lock_is_taken_over():
 def test_soak_new_fatal_xid_fails_the_gate():
     baseline = facts(NEW)
     storm = facts(NEW, kernel_log_text=read_case("06-xid119-gsp-rpc-timeout", "input.log"))
-    verdict = soak_verdict(baseline, storm, {"before_boot_id": "b1", "after_boot_id": "b1"})
+    verdict = soak_verdict(storm, baseline, {"before_boot_id": "b1", "after_boot_id": "b1"})
     assert verdict["ok"] is False
     assert verdict["new_fatal_xids"] == {"119": 5}
     assert verdict["new_xids"] == 5
-    quiet = soak_verdict(baseline, facts(NEW), {"before_boot_id": "b1", "after_boot_id": "b1"})
+    quiet = soak_verdict(facts(NEW), baseline, {"before_boot_id": "b1", "after_boot_id": "b1"})
     assert quiet["ok"] is True and quiet["new_xids"] == 0
-    noisy = soak_verdict(baseline, facts(NEW, kernel_log_text=XID13 * 3), {"max_new_xids": 2})
+    noisy = soak_verdict(facts(NEW, kernel_log_text=XID13 * 3), baseline, {"max_new_xids": 2})
     assert noisy["flags"] == ["xid_rate"]
-    rebooted = soak_verdict(baseline, facts(NEW), {"before_boot_id": "b1", "after_boot_id": "b2"})
+    rebooted = soak_verdict(facts(NEW), baseline, {"before_boot_id": "b1", "after_boot_id": "b2"})
     assert rebooted["flags"] == ["rebooted"]
     gate = gate_verdict({"n1": quiet, "n2": verdict})
     assert gate["ok"] is False

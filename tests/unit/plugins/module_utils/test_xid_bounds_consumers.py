@@ -75,7 +75,7 @@ def test_new_fatal_xids_of_a_growing_storm_are_exact():
 
 def test_soak_verdict_counts_new_xids_of_a_bounded_storm():
     before, after = facts(storm(10000)), facts(storm(10061))
-    verdict = soak_verdict(before, after, {"max_new_xids": 60})
+    verdict = soak_verdict(after, before, {"max_new_xids": 60})
     assert verdict["new_xids"] == 61
     assert verdict["new_fatal_xids"] == {"79": 31}
     assert "xid_rate" in verdict["flags"] and "new_fatal_xid" in verdict["flags"]
