@@ -54,6 +54,14 @@ def apply_mig_plan(nvml: Any, plan: Dict[str, Any], profiles: Dict[int, List[Dic
             return True
         return False
 
+    def destroy(index: int) -> Optional[bool]:
+        """Destroy the GPU's MIG devices: ``None`` when done, else whether the run stops (:func:`fail`)."""
+        actions[index].append("destroy_instances")
+        done = destroy_mig_instances(nvml, handles[index])
+        if done["error"]:
+            return fail(index, done["error"], "destroying the MIG devices failed")
+        return None
+
     work = [gpu_plan for gpu_plan in plan["gpus"] if gpu_plan["change"]]
     handles = {}  # type: Dict[int, Any]
     for gpu_plan in work:
@@ -69,11 +77,10 @@ def apply_mig_plan(nvml: Any, plan: Dict[str, Any], profiles: Dict[int, List[Dic
         before = gpu_plan["before"]
         if before["mode_current"] and before["mig_devices"] and (
                 gpu_plan["layout_change"] or not gpu_plan["wanted"]["mig_enabled"]):
-            actions[index].append("destroy_instances")
-            done = destroy_mig_instances(nvml, handles[index])
-            if done["error"]:
-                if fail(index, done["error"], "destroying the MIG devices failed"):
-                    return outcome
+            stopped = destroy(index)
+            if stopped:
+                return outcome
+            if stopped is not None:
                 continue
         if gpu_plan["set_mode"] is not None:
             actions[index].append("set_mode")
@@ -102,11 +109,10 @@ def apply_mig_plan(nvml: Any, plan: Dict[str, Any], profiles: Dict[int, List[Dic
         if now == wanted["mig_devices"]:
             continue
         if now:
-            actions[index].append("destroy_instances")
-            done = destroy_mig_instances(nvml, handles[index])
-            if done["error"]:
-                if fail(index, done["error"], "destroying the MIG devices failed"):
-                    return outcome
+            stopped = destroy(index)
+            if stopped:
+                return outcome
+            if stopped is not None:
                 continue
         if wanted["mig_devices"]:
             actions[index].append("create_instances")
