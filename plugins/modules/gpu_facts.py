@@ -122,6 +122,25 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+headline:
+  description:
+    - What an operator reads first, also in C(ansible_facts.nvidia.headline) - the node's C(verdict)
+      (C(healthy), C(unhealthy) or C(unknown) when the evidence does not tell), a one-sentence C(summary),
+      the worst problem of each GPU that is not usable (named by PCI bus id, serial and UUID), the
+      recommended C(action) and C(next_step), and what could not be read (C(unknown)).
+  returned: always
+  type: dict
+  sample:
+    verdict: unhealthy
+    summary: "unhealthy: 1 GPU(s) not usable (GPU count unknown): GPU 0000:9b:00.0 (serial 1654922000001, GPU-...): Xid 119 (GSP RPC timeout)."
+    gpus:
+      - gpu: "GPU 0000:9b:00.0 (serial 1654922000001, GPU-...)"
+        pci_bus_id: "0000:9b:00.0"
+        problem: Xid 119 (GSP RPC timeout)
+        action: reset_gpu
+    action: reset_gpu
+    next_step: "drain the node, reset GPU 0000:9b:00.0 (...) (nvidia-smi -r -i <bus id>) or reboot the node, then read the facts again"
+    unknown: [gpu_count, driver.state, driver.userspace_version, driver.loaded_version]
 ansible_facts:
   description: Facts to add to C(ansible_facts).
   returned: always
@@ -158,7 +177,7 @@ ansible_facts:
           type: list
           elements: dict
         gpu_count:
-          description: Number of GPU records.
+          description: Number of GPU records; V(null) (unknown, not 0) when neither NVML nor nvidia-smi answered.
           type: int
         attached_gpus:
           description: Number of GPUs the source says are attached (may differ from C(gpu_count)).
@@ -216,6 +235,15 @@ ansible_facts:
             node: {cuda_driver_version: "13.0", kernel: 6.1.0-28-amd64}
             gpus: [{index: 0, memory_reserved_mib: 545, power_default_limit_w: 700.0}]
             units: [{index: 0, uuid: GPU-00000000-0000-0000-0000-0000000000a0}]
+        kernel_log_gpus:
+          description:
+            - The UUID and board serial the driver printed for each GPU it set up (C(pci_bus_id), C(uuid),
+              C(serial)); they name a GPU that no other source lists.
+          type: list
+          elements: dict
+        headline:
+          description: The headline block (see the result's C(headline)).
+          type: dict
         unsupported:
           description: Fields a GPU or the driver would not give, with the NVML error.
           type: list
@@ -544,7 +572,9 @@ def main():
                         "%d distinct Xid numbers beyond them); Xid counts are lower bounds"
                         % (dropped, MAX_XID_KEYS, MAX_XID_KEYS))
     facts["warnings"] = warnings + list(facts.get("warnings") or [])
-    module.exit_json(changed=False, ansible_facts={"nvidia": facts})
+    # The headline first: what an operator reads before the rest of the document.
+    facts = dict([("headline", facts["headline"])] + [(k, v) for k, v in facts.items() if k != "headline"])
+    module.exit_json(changed=False, headline=facts["headline"], ansible_facts={"nvidia": facts})
 
 
 if __name__ == "__main__":

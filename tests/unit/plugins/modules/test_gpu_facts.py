@@ -64,7 +64,9 @@ def test_live_host_without_nvidia_driver(capsys, tmp_path, monkeypatch):
     facts = result["ansible_facts"]["nvidia"]
     assert facts["source"] == "none"
     assert facts["driver"]["state"] == "not_installed"
-    assert facts["gpus"] == [] and facts["gpu_count"] == 0
+    # No driver: no GPU source answered, so the GPUs are not counted (null, not 0).
+    assert facts["gpus"] == [] and facts["gpu_count"] is None
+    assert result["headline"]["verdict"] == "unhealthy" and result["headline"]["action"] == "install_driver"
     assert facts["driver"]["running_kernel"] == os.uname()[2]
 
 
