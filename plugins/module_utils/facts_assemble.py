@@ -27,6 +27,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import 
     summarize_xids,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_signals
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import rollout_marks
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.pcie_links import gpu_link_report, parse_lspci_links
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_text import parse_nvidia_smi_text
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_xml import SmiParseError, parse_nvidia_smi_xml
@@ -178,12 +179,14 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         ``proc_version``, ``sys_module_version``, ``modinfo``, ``running_kernel``, ``dpkg_l``,
         ``rpm_qa``, ``apt_mark_showhold``, ``mokutil_sb_state`` (``mokutil --sb-state``),
         ``peermem_version`` (``/sys/module/nvidia_peermem/version``; present with ``None`` when
-        the file is absent on a live host) (texts).
+        the file is absent on a live host) (texts); ``rollout_flag``, ``rollout_drain``
+        (:func:`node_lock.read_state` of the node_upgrade role's flag and drain record).
     :param capture: ``True`` when ``raw`` is a captured bundle.
     :returns: the facts document of :func:`facts_model.new_facts`, plus ``xid_summary``,
         ``kernel_log_gpus`` (with a kernel log: ``[{pci_bus_id, uuid, serial}]`` the driver
         printed, :func:`kernel_log.gpu_identities`), ``health`` (:func:`gpu_health.node_health`),
-        ``contract`` (:func:`contract.contract_from_facts`, docs/contract.md) and ``headline``
+        ``contract`` (:func:`contract.contract_from_facts`, docs/contract.md), ``rollout``
+        (:func:`rollout_marks.rollout_marks`) and ``headline``
         (:func:`facts_headline.node_headline`). ``gpu_count`` is ``None`` when neither NVML nor
         nvidia-smi answered.
     :raises CaptureError: for a captured file that is binary or cannot be parsed.
@@ -324,6 +327,8 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         facts["xid_summary"] = summarize_xids([], rate_limited=False)
         if inputs.get("kernel_log_error"):
             facts["warnings"].append(inputs["kernel_log_error"])
+    facts["rollout"] = (rollout_marks.rollout_marks(inputs.get("rollout_flag"), inputs.get("rollout_drain"))
+                        if not capture else rollout_marks.not_read())
     facts["health"] = node_health(facts)
     facts["contract"] = contract_from_facts(facts)
     facts["headline"] = node_headline(facts)

@@ -41,6 +41,8 @@ _STEPS = {
     "install_driver": "install the NVIDIA driver (gpufleet.nvidia.driver role)",
     "load_driver": "load the nvidia kernel module (modprobe nvidia) or reboot",
     "reinstall_driver": "reinstall the driver for the running kernel (a reboot will not fix it)",
+    "clear_rollout_flag": "fix what the flag's reason names, then run playbooks/rollback.yml --limit <node>: it "
+                          "verifies the node, clears the flag and undrains it",
 }
 
 
@@ -73,7 +75,8 @@ def node_headline(facts: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         action), "fatal": bool}] (only GPUs that are not usable, worst first),
         "node_problems": [str], "action": str or None (the most disruptive action: an
         xid_catalog action, a :data:`DRIVER_ACTIONS` value, or a node problem's kind),
-        "next_step": str or None, "unknown": [dotted keys that could not be read]}``.
+        "next_step": str or None, "unknown": [dotted keys that could not be read]}``. A node a
+        rollout flagged (``rollout.flagged``, rollout_marks) has the flag as a node problem.
         ``verdict`` is ``unhealthy`` when a GPU is not usable, the node has a problem or the
         driver state needs an action; else ``unknown`` when the GPU count or the driver state
         could not be read; else ``healthy``.
@@ -94,6 +97,13 @@ def node_headline(facts: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
                      "fatal": bool(worst.get("fatal"))})
     gpus.sort(key=lambda entry: (not entry["fatal"], -action_rank(entry["action"])))
     problems = list(health.get("problems") or [])
+    rollout = facts.get("rollout") or {}
+    if rollout.get("flagged"):
+        problems.append({"kind": "clear_rollout_flag", "remedy": _STEPS["clear_rollout_flag"],
+                         "reason": "flagged by rollout %s%s: %s" % (
+                             rollout.get("rollout_id") or "?",
+                             " (stage %s)" % rollout["stage"] if rollout.get("stage") else "",
+                             rollout.get("reason") or "no reason recorded")})
     driver_action = DRIVER_ACTIONS.get(driver.get("state"))
     unknown = _unknowns(facts)
 

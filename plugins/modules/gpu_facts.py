@@ -72,6 +72,13 @@ options:
       - List installed NVIDIA driver packages and their hold state (dpkg or rpm).
     type: bool
     default: true
+  rollout_state_dir:
+    description:
+      - Directory where the P(gpufleet.nvidia.node_upgrade#role) role keeps its state (its
+        C(node_upgrade_state_dir)); its C(drain.json) says a rollout drained the node. With the flag file
+        C(/etc/ansible/facts.d/gpufleet_rollout.fact) it fills C(ansible_facts.nvidia.rollout).
+    type: path
+    default: /var/lib/gpufleet/rollout
 notes:
   - This module supports check mode; it only reads.
   - Reading some NVML fields (for example retired pages) may need root.
@@ -244,6 +251,12 @@ ansible_facts:
         headline:
           description: The headline block (see the result's C(headline)).
           type: dict
+        rollout:
+          description:
+            - What a rollout left on the node - C(flagged) (with the flag's C(reason), C(rollout_id), C(stage),
+              C(time), C(rollback_version), C(rollback_verified)) and C(drained) (C(drained_by), C(drained_at));
+              V(null) values when not read (a capture).
+          type: dict
         unsupported:
           description: Fields a GPU or the driver would not give, with the NVML error.
           type: list
@@ -271,6 +284,8 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_assemble imp
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import MAX_XID_KEYS, keep_newest
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import load_pynvml, read_nvml
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_lock import read_state, unreadable_state
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import rollout_marks
 
 # Reading limit of one file or command output, in bytes (characters for command output).
 _MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -481,6 +496,12 @@ def collect_live(module):
     inputs["proc_version"] = _read_text_file("/proc/driver/nvidia/version")
     inputs["modules_find"] = list_nvidia_modules()
     inputs["peermem_version"] = _read_text_file("/sys/module/nvidia_peermem/version")
+    for key, path in (("rollout_flag", rollout_marks.FLAG_FILE),
+                      ("rollout_drain", os.path.join(module.params["rollout_state_dir"], "drain.json"))):
+        try:
+            inputs[key] = read_state(path)
+        except OSError as err:
+            inputs[key] = unreadable_state("%s cannot be read (%s)" % (path, err))
     result = _run(module, ["mokutil", "--sb-state"])
     if result is not None:
         inputs["mokutil_sb_state"] = "%s\n%s" % (result[1], result[2])
@@ -542,6 +563,7 @@ def main():
             capture_dir=dict(type="path"),
             kernel_log=dict(type="bool", default=True),
             packages=dict(type="bool", default=True),
+            rollout_state_dir=dict(type="path", default=rollout_marks.STATE_DIR),
         ),
         supports_check_mode=True,
     )
