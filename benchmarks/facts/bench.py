@@ -31,6 +31,7 @@ Writes the results as JSON (default ``benchmarks/facts/results.json``) and print
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import platform
@@ -49,10 +50,10 @@ import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused
 from simfleet.gpu import load_pynvml, simgpu  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu import state as gpu_state  # noqa: E402  pylint: disable=wrong-import-position
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_assemble import (  # noqa: E402
-    assemble_facts,  # pylint: disable=wrong-import-position
-)
+# pylint: disable=wrong-import-position
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_assemble import assemble_facts  # noqa: E402
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import read_nvml  # noqa: E402
+# pylint: enable=wrong-import-position
 
 KERNEL = "6.1.0-31-amd64"
 STORM_LINES = 100000
@@ -94,7 +95,6 @@ class Node:
 
     def smi_xml(self):
         """``nvidia-smi -q -x`` of the node (text)."""
-        import io  # pylint: disable=import-outside-toplevel
         out, err = io.StringIO(), io.StringIO()
         code = self._smi.main(["-q", "-x"], root=self.root, stdout=out, stderr=err)
         if code != 0:
@@ -103,7 +103,6 @@ class Node:
 
     def dmesg(self):
         """The node's kernel log (text)."""
-        import io  # pylint: disable=import-outside-toplevel
         out, err = io.StringIO(), io.StringIO()
         self._cli.dmesg_main([], root=self.root, stdout=out, stderr=err)
         return out.getvalue()
