@@ -593,7 +593,9 @@ def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = 
     :param keep_gpus: ``none``, ``drifted`` (keep :func:`gpu_summaries` of a node that is not in
         sync) or ``all``.
     :returns: ``{"class", "in_sync", "missing", "worst_severity", "findings", "driver": {"loaded",
-        "userspace", "on_disk", "branch", "state"}}`` plus ``"gpus"`` when kept and ``"hostname"`` when given. A value of a wrong
+        "userspace", "on_disk", "branch", "state"}}`` plus ``"gpus"`` when kept, ``"hostname"`` when given
+        and, for a node not in sync whose facts have one, ``"headline"`` (``{verdict, summary, action,
+        next_step}`` of facts_headline.node_headline). A value of a wrong
         type deep in the facts (``AttributeError``, ``TypeError``, ``ValueError``, ``KeyError``,
         ``IndexError`` of a check) makes one ``facts_missing`` finding "could not be judged".
     :raises: nothing for any node's facts.
@@ -626,6 +628,11 @@ def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = 
     }
     if item.get("hostname"):
         entry["hostname"] = item["hostname"]
+    headline = facts.get("headline") if isinstance(facts, Mapping) and not in_sync else None
+    if isinstance(headline, Mapping):
+        # What the node's own facts say first (facts_headline), beside the findings against the declaration.
+        entry["headline"] = {"verdict": headline.get("verdict"), "summary": headline.get("summary"),
+                             "action": headline.get("action"), "next_step": headline.get("next_step")}
     if not missing and (keep_gpus == "all" or (keep_gpus == "drifted" and not in_sync)):
         try:
             entry["gpus"] = gpu_summaries(facts, found)

@@ -178,6 +178,14 @@ def test_a_node_a_rollout_flagged_is_a_finding_with_the_flag_reason():
     assert marks["reason"] == "/etc/x.fact is not JSON (Expecting value); inspect and remove it"
     # Not read at all (a capture bundle): unknown, and no finding.
     assert rollout_marks(None, None)["flagged"] is None
+    # The node's own headline rides along with its findings in the report.
+    facts["headline"] = {"verdict": "unhealthy", "summary": "unhealthy: flagged", "action": "clear_rollout_flag",
+                         "next_step": "run playbooks/rollback.yml", "gpus": []}
+    report = build_report([{"node": "node06", "class": "gpu_h100", "facts": facts,
+                            "declared": declared_state(dict(H100_VARS, driver_branch="580"))}])
+    assert report["nodes"]["node06"]["headline"] == {"verdict": "unhealthy", "summary": "unhealthy: flagged",
+                                                     "action": "clear_rollout_flag",
+                                                     "next_step": "run playbooks/rollback.yml"}
 
 
 def test_case_01_a100_mig_persistence_and_count():
