@@ -72,7 +72,8 @@ def node_headline(facts: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         "gpus": [{"gpu": str (gpu_label), "pci_bus_id", "serial", "uuid", "index" (None for a GPU
         only the kernel log names), "listed": bool, "problem": str (the worst signal, short: "Xid 119
         (GSP RPC timeout)"), "evidence": str (its whole reason), "action": str (xid_catalog
-        action), "fatal": bool}] (only GPUs that are not usable, worst first),
+        action; ``hardware_inspection`` for a GPU the kernel log names that the GPU source, which
+        answered, does not list), "fatal": bool}] (only GPUs that are not usable, worst first),
         "node_problems": [str], "action": str or None (the most disruptive action: an
         xid_catalog action, a :data:`DRIVER_ACTIONS` value, or a node problem's kind),
         "next_step": str or None, "unknown": [dotted keys that could not be read]}``. A node a
@@ -91,9 +92,15 @@ def node_headline(facts: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         reason = worst.get("reason") or ""
         # An Xid signal reads "Xid 119 (GSP RPC timeout): <the driver's message>": the head is the problem.
         problem = reason.split(": ", 1)[0] if worst.get("source") == "xid" else reason
+        action = gpu.get("action")
+        if gpu.get("listed") is False and facts.get("gpu_count") is not None:
+            # NVML or nvidia-smi answered and does not list a GPU the kernel log names: it is gone
+            # from the bus (since the boot, or before it), which a reset or reboot did not bring back.
+            problem = "not listed by %s; kernel log: %s" % (facts.get("source") or "the GPU source", problem)
+            action = "hardware_inspection"
         gpus.append({"gpu": gpu_label(gpu), "pci_bus_id": gpu.get("pci_bus_id"), "serial": gpu.get("serial"),
                      "uuid": gpu.get("uuid"), "index": gpu.get("index"), "listed": gpu.get("listed", True),
-                     "problem": problem, "evidence": reason, "action": gpu.get("action"),
+                     "problem": problem, "evidence": reason, "action": action,
                      "fatal": bool(worst.get("fatal"))})
     gpus.sort(key=lambda entry: (not entry["fatal"], -action_rank(entry["action"])))
     problems = list(health.get("problems") or [])
