@@ -265,7 +265,9 @@ _MARKDOWN = """\
 Status: **{{ r.status }}**{{ (': ' ~ (r.stop_reason | md)) if r.stop_reason else '' }}\
 {{ (' (stopped by ' ~ (r.stopped_by | map(attribute='node') | join(', ')) ~ ')') if r.stopped_by else '' }}.
 {{ s.nodes }} nodes: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target, {{ s.rollbacks }} rolled back\
-{{ (' (%d of them still flagged)' % s.rollbacks_flagged) if s.rollbacks_flagged else '' }}, {{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.{{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
+{{ (' (%d of them still flagged)' % s.rollbacks_flagged) if s.rollbacks_flagged else '' }}, \
+{{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.\
+{{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
 
 | stage | nodes | upgraded | skipped | rolled back | flagged | refused | not started |
 |---|---:|---:|---:|---:|---:|---:|---:|
