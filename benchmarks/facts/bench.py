@@ -46,7 +46,8 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests"))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "simfleet"))
 
-import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import  (makes the collection importable)
+# The tests' conftest makes this checkout importable as ansible_collections.gpufleet.nvidia.
+import conftest  # noqa: E402,F401  pylint: disable=wrong-import-position,unused-import
 from simfleet.gpu import load_pynvml, simgpu  # noqa: E402  pylint: disable=wrong-import-position
 from simfleet.gpu import state as gpu_state  # noqa: E402  pylint: disable=wrong-import-position
 
@@ -108,21 +109,21 @@ class Node:
         return out.getvalue()
 
 
-def _inputs(node, kernel_log):
+def _inputs(kernel_log):
     return {"running_kernel": KERNEL, "kernel_log": kernel_log,
             "sys_module_version": "580.126.20\n", "peermem_version": None}
 
 
 def facts_nvml(node, kernel_log):
     """gpu_facts' work with the NVML backend: read NVML, assemble the document."""
-    raw = _inputs(node, kernel_log)
+    raw = _inputs(kernel_log)
     raw["nvml"] = read_nvml(node.nvml)
     return assemble_facts(raw, capture=False)
 
 
 def facts_smi(node, kernel_log):
     """gpu_facts' work with the nvidia-smi backend."""
-    raw = _inputs(node, kernel_log)
+    raw = _inputs(kernel_log)
     raw["smi_xml"] = node.smi_xml()
     return assemble_facts(raw, capture=False)
 
