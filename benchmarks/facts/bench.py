@@ -137,10 +137,10 @@ def smi_plain(node, _kernel_log):
 def measure(runs, node, kernel_log):
     """Median wall and CPU seconds of each way, measured in turns."""
     ways = (("facts_nvml", facts_nvml), ("facts_smi", facts_smi), ("smi_plain", smi_plain))
-    samples = dict((name, {"wall": [], "cpu": []}) for name, _ in ways)
+    samples = dict((name, {"wall": [], "cpu": []}) for name, _way in ways)
     for name, way in ways:  # one warm-up each (imports, caches)
         way(node, kernel_log)
-    for _ in range(runs):
+    for _turn in range(runs):
         for name, way in ways:
             wall, cpu = time.perf_counter(), time.process_time()
             way(node, kernel_log)
