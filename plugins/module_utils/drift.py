@@ -28,7 +28,10 @@ Checks (:data:`CHECKS`) and their severity:
   ``ecc_mode_pending`` (info): the declared ECC mode waits for a reboot;
 * ``mig_mode``, ``mig_layout`` (warning): MIG mode or GPU instances differ from the declared
   mig-parted layout;
-* ``remapped_rows_failed`` (critical), ``remapped_rows_pending`` (warning).
+* ``remapped_rows_failed`` (critical), ``remapped_rows_pending`` (warning);
+* ``rollout_flagged`` (critical): a rollout flagged the node, with the flag's reason;
+  ``rollout_drained`` (warning): a rollout's drain record is on the node and no flag (facts
+  ``rollout``, rollout_marks).
 
 One pass over the nodes, constant work per GPU: linear in the fleet. Declarations are normalised
 once per distinct declaration and driver resolutions are memoised per (request, architectures).
@@ -46,9 +49,13 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_cata
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_policy_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import versions_match
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import gpu_label
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import fatal_xid_counts
 
-SEVERITIES = ("info", "warning", "critical")
+#: Severities of a drift finding, least to most serious: how far a node is from its declared
+#: state. Not the severity of an Xid event (xid_catalog.SEVERITIES, which has ``fatal``): a
+#: fatal Xid is one ``critical`` finding here.
+FINDING_SEVERITIES = ("info", "warning", "critical")
 
 #: check → (severity, what it means)
 CHECKS = {
@@ -74,6 +81,8 @@ CHECKS = {
     "policy_declared_invalid": ("critical", "the declared GPU policy is invalid"),
     "remapped_rows_failed": ("critical", "a row remapping failed: the GPU needs inspection"),
     "remapped_rows_pending": ("warning", "a row remapping waits for a GPU reset"),
+    "rollout_flagged": ("critical", "a rollout flagged the node (out of service until the flag is cleared)"),
+    "rollout_drained": ("warning", "a rollout drained the node and has not returned it to service"),
 }
 
 #: Node variables read by :func:`declared_state` (the roles' public variables).
@@ -183,9 +192,9 @@ def facts_problem(facts: Any) -> Optional[str]:
     return None
 
 
-def severity_rank(severity: Optional[str]) -> int:
+def finding_severity_rank(severity: Optional[str]) -> int:
     """``info`` 0, ``warning`` 1, ``critical`` 2; -1 for ``None``/unknown."""
-    return SEVERITIES.index(severity) if severity in SEVERITIES else -1
+    return FINDING_SEVERITIES.index(severity) if severity in FINDING_SEVERITIES else -1
 
 
 def declared_state(variables: Mapping[str, Any]) -> Dict[str, Any]:
@@ -389,26 +398,45 @@ class DriftEngine(object):
             add("gpu_count", "%d GPU(s) visible, %d declared" % (count, want), expected=want, actual=count)
         for gpu in gpus:
             if gpu.get("readable") is False:
-                add("gpu_unreadable", "GPU %s (%s) cannot be read: %s" % (
-                    gpu.get("index"), gpu.get("pci_bus_id"), ", ".join(gpu.get("errors") or []) or "unknown error"),
+                add("gpu_unreadable", "%s cannot be read: %s" % (
+                    gpu_label(gpu), ", ".join(gpu.get("errors") or []) or "unknown error"),
                     gpu=gpu.get("index"))
             rows = gpu.get("remapped_rows") or {}
             if rows.get("failed"):
-                add("remapped_rows_failed", "GPU %s: a row remapping failed; inspect the GPU" % gpu.get("index"),
+                add("remapped_rows_failed", "%s: a row remapping failed; inspect the GPU" % gpu_label(gpu),
                     gpu=gpu.get("index"))
             elif rows.get("pending"):
-                add("remapped_rows_pending", "GPU %s: a row remapping waits for a GPU reset" % gpu.get("index"),
+                add("remapped_rows_pending", "%s: a row remapping waits for a GPU reset" % gpu_label(gpu),
                     gpu=gpu.get("index"))
         fatal = fatal_xid_counts(facts)
         if fatal:
             add("fatal_xid", "fatal Xid in the current kernel log: %s" % ", ".join(
                 "Xid %s ×%d" % (key, fatal[key]) for key in sorted(fatal, key=int)), actual=sorted(int(k) for k in fatal))
+        self._rollout_findings(add, facts.get("rollout") or {})
         readable = [gpu for gpu in gpus if gpu.get("readable") is not False]
         if declared.get("policy"):
             self._policy_findings(add, readable, declared["policy"])
         if declared.get("mig"):
             self._mig_findings(add, readable, declared["mig"])
         return out
+
+    @staticmethod
+    def _rollout_findings(add: Any, rollout: Mapping[str, Any]) -> None:
+        """A node a rollout flagged or drained (the facts' ``rollout`` section, rollout_marks.rollout_marks)."""
+        if not isinstance(rollout, Mapping):
+            return
+        where = ", ".join(part for part in (
+            ("stage %s" % rollout["stage"]) if rollout.get("stage") else "",
+            str(rollout["time"]) if rollout.get("time") else "") if part)
+        if rollout.get("flagged"):
+            reason = rollout.get("reason") or "no reason recorded"
+            add("rollout_flagged", "flagged by rollout %s%s: %s" % (
+                rollout.get("rollout_id") or "?", " (%s)" % where if where else "", reason),
+                expected="not flagged", actual=reason)
+        elif rollout.get("drained"):
+            add("rollout_drained", "drained by rollout %s%s and not returned to service" % (
+                rollout.get("drained_by") or "?", " since %s" % rollout["drained_at"] if rollout.get("drained_at") else ""),
+                expected="in service", actual="drained")
 
     def _driver_findings(self, add: Any, facts: Mapping[str, Any], declared: Mapping[str, Any]) -> None:
         driver = facts.get("driver") or {}
@@ -541,7 +569,7 @@ def gpu_summaries(facts: Mapping[str, Any], findings: List[Dict[str, Any]]) -> L
         power = gpu.get("power") or {}
         rows = gpu.get("remapped_rows") or {}
         own = by_index.get(gpu.get("index"), [])
-        worst = max([severity_rank(f["severity"]) for f in own] or [-1])
+        worst = max([finding_severity_rank(f["severity"]) for f in own] or [-1])
         entry = dict((key, gpu.get(key)) for key in GPU_SUMMARY_FIELDS)
         entry.update({
             "ecc_mode": (gpu.get("ecc") or {}).get("mode_current"),
@@ -550,7 +578,7 @@ def gpu_summaries(facts: Mapping[str, Any], findings: List[Dict[str, Any]]) -> L
             "remapped_rows": dict((key, rows.get(key)) for key in ("correctable", "uncorrectable", "pending", "failed")),
             "fatal_xid_events": fatal_by_bus.get(str(gpu.get("pci_bus_id") or "").lower(), 0),
             "findings": len(own),
-            "worst_severity": SEVERITIES[worst] if worst >= 0 else None,
+            "worst_severity": FINDING_SEVERITIES[worst] if worst >= 0 else None,
         })
         out.append(entry)
     return out
@@ -565,7 +593,9 @@ def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = 
     :param keep_gpus: ``none``, ``drifted`` (keep :func:`gpu_summaries` of a node that is not in
         sync) or ``all``.
     :returns: ``{"class", "in_sync", "missing", "worst_severity", "findings", "driver": {"loaded",
-        "userspace", "on_disk", "branch", "state"}}`` plus ``"gpus"`` when kept and ``"hostname"`` when given. A value of a wrong
+        "userspace", "on_disk", "branch", "state"}}`` plus ``"gpus"`` when kept, ``"hostname"`` when given
+        and, for a node not in sync whose facts have one, ``"headline"`` (``{verdict, summary, action,
+        next_step}`` of facts_headline.node_headline). A value of a wrong
         type deep in the facts (``AttributeError``, ``TypeError``, ``ValueError``, ``KeyError``,
         ``IndexError`` of a check) makes one ``facts_missing`` finding "could not be judged".
     :raises: nothing for any node's facts.
@@ -581,8 +611,8 @@ def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = 
                   "gpu": None, "expected": None, "actual": "%s: %s" % (type(err).__name__, err),
                   "message": "the NVIDIA facts of this node could not be judged (%s: %s); run gpu_facts "
                              "again" % (type(err).__name__, err)}]
-    worst = max([severity_rank(f["severity"]) for f in found] or [-1])
-    in_sync = worst < severity_rank("warning")
+    worst = max([finding_severity_rank(f["severity"]) for f in found] or [-1])
+    in_sync = worst < finding_severity_rank("warning")
     missing = any(f["check"] == "facts_missing" for f in found)
     driver = facts.get("driver") if isinstance(facts, Mapping) else None
     driver = driver if isinstance(driver, Mapping) else {}
@@ -590,7 +620,7 @@ def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = 
         "class": klass,
         "in_sync": in_sync,
         "missing": missing,
-        "worst_severity": SEVERITIES[worst] if worst >= 0 else None,
+        "worst_severity": FINDING_SEVERITIES[worst] if worst >= 0 else None,
         "findings": found,
         "driver": {"loaded": driver.get("loaded_version"), "userspace": driver.get("userspace_version"),
                    "on_disk": driver.get("on_disk_version"), "branch": driver.get("branch"),
@@ -598,6 +628,11 @@ def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = 
     }
     if item.get("hostname"):
         entry["hostname"] = item["hostname"]
+    headline = facts.get("headline") if isinstance(facts, Mapping) and not in_sync else None
+    if isinstance(headline, Mapping):
+        # What the node's own facts say first (facts_headline), beside the findings against the declaration.
+        entry["headline"] = {"verdict": headline.get("verdict"), "summary": headline.get("summary"),
+                             "action": headline.get("action"), "next_step": headline.get("next_step")}
     if not missing and (keep_gpus == "all" or (keep_gpus == "drifted" and not in_sync)):
         try:
             entry["gpus"] = gpu_summaries(facts, found)
@@ -613,7 +648,7 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
     :returns: the report of :func:`build_report`.
     """
     summary = {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "findings": 0,
-               "by_severity": dict((s, 0) for s in SEVERITIES), "by_check": {}, "worst_severity": None}
+               "by_severity": dict((s, 0) for s in FINDING_SEVERITIES), "by_check": {}, "worst_severity": None}
     classes = {}  # type: Dict[str, Dict[str, Any]]
     per_node = {}  # type: Dict[str, Dict[str, Any]]
     findings = []  # type: List[Dict[str, Any]]
@@ -635,7 +670,7 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
             entry["drifted"] += 1
             summary["drifted"] += 1
             entry["drifted_nodes"].append(name)
-        if severity_rank(node["worst_severity"]) > severity_rank(entry["worst_severity"]):
+        if finding_severity_rank(node["worst_severity"]) > finding_severity_rank(entry["worst_severity"]):
             entry["worst_severity"] = node["worst_severity"]
         for finding in node["findings"]:
             summary["findings"] += 1
@@ -643,8 +678,8 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
             summary["by_check"][finding["check"]] = summary["by_check"].get(finding["check"], 0) + 1
             entry["by_check"][finding["check"]] = entry["by_check"].get(finding["check"], 0) + 1
             findings.append(finding)
-    worst_all = max([severity_rank(c["worst_severity"]) for c in classes.values()] or [-1])
-    summary["worst_severity"] = SEVERITIES[worst_all] if worst_all >= 0 else None
+    worst_all = max([finding_severity_rank(c["worst_severity"]) for c in classes.values()] or [-1])
+    summary["worst_severity"] = FINDING_SEVERITIES[worst_all] if worst_all >= 0 else None
     return {"generated_at": generated_at, "source": source, "summary": summary, "classes": classes,
             "nodes": per_node, "findings": findings}
 
@@ -683,9 +718,9 @@ def exit_code(report: Mapping[str, Any], report_only: bool = False, fail_on: str
     :param fail_on: ``info``, ``warning`` (default) or ``critical``.
     :raises ValueError: for another ``fail_on``.
     """
-    if fail_on not in SEVERITIES:
-        raise ValueError("fail_on must be one of %s, got %r" % (", ".join(SEVERITIES), fail_on))
+    if fail_on not in FINDING_SEVERITIES:
+        raise ValueError("fail_on must be one of %s, got %r" % (", ".join(FINDING_SEVERITIES), fail_on))
     if report_only:
         return 0
-    worst = severity_rank(report["summary"].get("worst_severity"))
-    return 2 if worst >= severity_rank(fail_on) else 0
+    worst = finding_severity_rank(report["summary"].get("worst_severity"))
+    return 2 if worst >= finding_severity_rank(fail_on) else 0

@@ -119,6 +119,8 @@ def driver_state(
         ``modinfo`` found a module / said "Module nvidia not found"), ``userspace_present``
         (bool|None: ``libnvidia-ml.so.1`` or ``nvidia-smi`` found), ``running_kernel`` (str),
         ``module_present_for`` (list of kernel releases that have an ``nvidia.ko``),
+        ``kernel_log_nvrm`` (bool: the kernel log holds ``NVRM:`` lines, so a module was loaded
+        when they were written; only words the undetermined verdict),
         ``secure_boot`` (bool|None: ``mokutil --sb-state``), ``module_signer`` (str|None: ``modinfo``
         ``signer:``), ``signature_rejected`` (bool: the kernel log says the module's signature was
         refused; a ``not_loaded`` state then says so, and that a reboot will not fix it),
@@ -148,10 +150,13 @@ def driver_state(
     if on_disk is not None:
         module_found = True
 
+    loaded_inferred = False
     if loaded is None and userspace is not None and evidence.get("nvml_initialized"):
         loaded = userspace
+        loaded_inferred = True
         reasons.append(
-            "NVML answered, so the loaded kernel module has the library's version %s." % userspace
+            "NVML or nvidia-smi answered, so a kernel module that works with the libraries' version %s is loaded "
+            "(its own version file was not read)." % userspace
         )
 
     # Userspace: True present, False absent, None unknown.
@@ -188,9 +193,13 @@ def driver_state(
         if module_loaded is None:
             unknown.append("the loaded kernel module")
         if unknown:
+            seen = ""
+            if evidence.get("kernel_log_nvrm"):
+                seen = ("The kernel log holds NVRM lines, so an NVIDIA kernel module was loaded when "
+                        "they were written. ")
             return None, reasons + [
-                "No NVIDIA driver was seen, but %s could not be checked; the state is undetermined."
-                % ", ".join(unknown)
+                "%sThe driver state is undetermined: %s could not be checked."
+                % (seen, ", ".join(unknown))
             ]
         return "not_installed", reasons + [
             "No NVIDIA driver is installed: no driver package, no NVML library, no nvidia kernel "
@@ -282,6 +291,11 @@ def driver_state(
             if on_disk is not None:
                 return "ok", reasons + [
                     "Userspace, loaded and on-disk driver versions agree: %s." % loaded
+                ]
+            if loaded_inferred:
+                return "ok", reasons + [
+                    "The userspace driver is %s and NVML works with the loaded module.%s"
+                    % (loaded, on_disk_note)
                 ]
             return "ok", reasons + [
                 "Userspace and loaded driver versions agree: %s.%s" % (loaded, on_disk_note)

@@ -20,13 +20,19 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import installed_p
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi_messages
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.contract import contract_from_facts
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import node_health
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import gpu_label, node_health
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import (
     branch_of,
     new_facts,
 )
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import parse_kernel_log, summarize_xids
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_headline import node_headline
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import (
+    gpu_identities,
+    parse_kernel_log,
+    summarize_xids,
+)
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_signals
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import rollout_marks
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.pcie_links import gpu_link_report, parse_lspci_links
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_text import parse_nvidia_smi_text
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_xml import SmiParseError, parse_nvidia_smi_xml
@@ -178,11 +184,16 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         ``proc_version``, ``sys_module_version``, ``modinfo``, ``running_kernel``, ``dpkg_l``,
         ``rpm_qa``, ``apt_mark_showhold``, ``mokutil_sb_state`` (``mokutil --sb-state``),
         ``peermem_version`` (``/sys/module/nvidia_peermem/version``; present with ``None`` when
-        the file is absent on a live host) (texts).
+        the file is absent on a live host) (texts); ``rollout_flag``, ``rollout_drain``
+        (:func:`node_lock.read_state` of the node_upgrade role's flag and drain record).
     :param capture: ``True`` when ``raw`` is a captured bundle.
     :returns: the facts document of :func:`facts_model.new_facts`, plus ``xid_summary``,
-        ``health`` (:func:`gpu_health.node_health`) and ``contract``
-        (:func:`contract.contract_from_facts`, docs/contract.md).
+        ``kernel_log_gpus`` (with a kernel log: ``[{pci_bus_id, uuid, serial}]`` the driver
+        printed, :func:`kernel_log.gpu_identities`), ``health`` (:func:`gpu_health.node_health`),
+        ``contract`` (:func:`contract.contract_from_facts`, docs/contract.md), ``rollout``
+        (:func:`rollout_marks.rollout_marks`) and ``headline``
+        (:func:`facts_headline.node_headline`). ``gpu_count`` is ``None`` when neither NVML nor
+        nvidia-smi answered.
     :raises CaptureError: for a captured file that is binary or cannot be parsed.
     """
     inputs = decode_capture(raw) if capture else dict(raw)
@@ -218,11 +229,12 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         facts["warnings"].extend(smi.get("warnings", []))
         driver["userspace_version"] = smi["driver"].get("userspace_version")
         driver["cuda_driver_version"] = smi["driver"].get("cuda_driver_version")
-    facts["gpu_count"] = len(facts["gpus"])
-    lost = [gpu["index"] for gpu in facts["gpus"] if not gpu.get("readable", True)]
+    # Unknown stays unknown: without an answer from NVML or nvidia-smi the GPUs were not counted.
+    facts["gpu_count"] = len(facts["gpus"]) if nvml_ok or smi is not None else None
+    lost = [gpu_label(gpu) for gpu in facts["gpus"] if not gpu.get("readable", True)]
     if lost:
-        facts["warnings"].append("GPU(s) %s could not be read (%s)" % (
-            ", ".join(str(i) for i in lost),
+        facts["warnings"].append("%s could not be read (%s)" % (
+            "; ".join(lost),
             ", ".join(sorted(set(e for gpu in facts["gpus"] for e in gpu.get("errors", []))))))
 
     # NVML error evidence: from the NVML reader, or from a failed nvidia-smi's own words
@@ -282,6 +294,7 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         "secure_boot": facts["node"]["secure_boot"],
         "module_signer": facts["node"]["module_signer"],
         "signature_rejected": facts["node"]["module_signer_trusted"] is False,
+        "kernel_log_nvrm": "NVRM:" in (inputs.get("kernel_log") or ""),
     }
     if not capture:
         evidence["module_loaded"] = loaded is not None
@@ -313,10 +326,15 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         _annotate_xids(events, facts["gpus"])
         facts["xid_events"] = events
         facts["xid_summary"] = summarize_xids(parsed)
+        facts["kernel_log_gpus"] = [dict(identity, pci_bus_id=bus)
+                                    for bus, identity in sorted(gpu_identities(inputs["kernel_log"]).items())]
     else:
         facts["xid_summary"] = summarize_xids([], rate_limited=False)
         if inputs.get("kernel_log_error"):
             facts["warnings"].append(inputs["kernel_log_error"])
+    facts["rollout"] = (rollout_marks.rollout_marks(inputs.get("rollout_flag"), inputs.get("rollout_drain"))
+                        if not capture else rollout_marks.not_read())
     facts["health"] = node_health(facts)
     facts["contract"] = contract_from_facts(facts)
+    facts["headline"] = node_headline(facts)
     return facts

@@ -275,8 +275,9 @@ def new_facts(source: str = "none") -> Dict[str, Any]:
     """Return an empty ``ansible_facts.nvidia`` document.
 
     :param source: one of :data:`SOURCES`.
-    :returns: ``{schema_version, source, driver, gpus, gpu_count, attached_gpus,
-        xid_events, unsupported, warnings}``.
+    :returns: ``{schema_version, source, driver, gpus, gpu_count, attached_gpus, xid_events,
+        kernel_log_gpus, driver_messages, node, unsupported, warnings}``; ``gpu_count`` is ``None``
+        (not counted) until a GPU source answers.
     :raises ValueError: when ``source`` is not one of :data:`SOURCES`.
     """
     if source not in SOURCES:
@@ -286,9 +287,10 @@ def new_facts(source: str = "none") -> Dict[str, Any]:
         "source": source,
         "driver": new_driver(),
         "gpus": [],
-        "gpu_count": 0,
+        "gpu_count": None,
         "attached_gpus": None,
         "xid_events": [],
+        "kernel_log_gpus": [],
         "driver_messages": [],
         "node": new_node(),
         "unsupported": [],

@@ -166,14 +166,47 @@ def node_problems(facts: Mapping[str, Any]) -> List[Dict[str, Any]]:
     return problems
 
 
-def node_health(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = ()) -> Dict[str, Any]:
+def unlisted_gpus(facts: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """GPUs the kernel log names that no GPU record lists: lost since, or never read.
+
+    After a GPU falls off the bus and the node reboots, NVML and nvidia-smi list the others only
+    (and renumber them), while the kernel log still names the lost one by PCI bus id; a bundle
+    with nothing but a kernel log lists no GPU at all (field case 06).
+
+    :param facts: ``ansible_facts.nvidia`` (``gpus``, ``xid_events``, ``driver_messages`` and
+        ``kernel_log_gpus``: the UUID and serial the driver printed per bus id).
+    :returns: ``[{"index": None, "pci_bus_id": str, "uuid": str or None, "serial": str or None,
+        "listed": False}]``, in the order the bus ids first appear.
+    :raises: nothing.
+    """
+    listed = set(gpu.get("pci_bus_id") for gpu in facts.get("gpus") or [])
+    known = dict((entry.get("pci_bus_id"), entry) for entry in facts.get("kernel_log_gpus") or [])
+    out = []  # type: List[Dict[str, Any]]
+    seen = set()
+    for entry in list(facts.get("xid_events") or []) + list(facts.get("driver_messages") or []):
+        bus = entry.get("pci_bus_id")
+        if bus is None or bus in listed or bus in seen:
+            continue
+        seen.add(bus)
+        identity = known.get(bus) or {}
+        out.append({"index": None, "pci_bus_id": bus, "uuid": identity.get("uuid"),
+                    "serial": identity.get("serial"), "listed": False})
+    return out
+
+
+def node_health(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = (),
+                include_unlisted: bool = True) -> Dict[str, Any]:
     """The usable / not usable verdict of every GPU and of the node.
 
     :param facts: ``ansible_facts.nvidia``, or ``None``.
     :param ignore_xids: Xid numbers not to count.
-    :returns: ``{"healthy": bool, "gpus": [{"index", "pci_bus_id", "uuid", "usable": False,
-        "action": the most disruptive action of its signals, "signals": [...]}] (only GPUs that
-        are not usable), "problems": node_problems(facts)}``. ``healthy`` is false when a GPU is
+    :param include_unlisted: also judge the GPUs that only the kernel log names
+        (:func:`unlisted_gpus`); a rollout's verification, which flags a lost GPU by the count
+        and the fatal Xid already, passes ``False``.
+    :returns: ``{"healthy": bool, "gpus": [{"index", "pci_bus_id", "uuid", "serial", "listed",
+        "usable": False, "action": the most disruptive action of its signals, "signals": [...]}]
+        (only GPUs that are not usable; ``listed`` is false, and ``index`` ``None``, for a GPU
+        only the kernel log names, see :func:`unlisted_gpus`), "problems": node_problems(facts)}``. ``healthy`` is false when a GPU is
         not usable or the node has a problem; ``None`` facts are not healthy.
     :raises: nothing.
     """
@@ -181,20 +214,48 @@ def node_health(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] =
         return {"healthy": False, "gpus": [], "problems": []}
     ignore = list(ignore_xids)
     gpus = []
-    for gpu in facts.get("gpus") or []:
+    for gpu in list(facts.get("gpus") or []) + (unlisted_gpus(facts) if include_unlisted else []):
         signals = gpu_signals(gpu, facts, ignore)
         if signals:
             action = max((s["action"] for s in signals), key=action_rank)
             gpus.append({"index": gpu.get("index"), "pci_bus_id": gpu.get("pci_bus_id"), "uuid": gpu.get("uuid"),
+                         "serial": gpu.get("serial"), "listed": gpu.get("listed", True),
                          "usable": False, "action": action, "signals": signals})
     problems = node_problems(facts)
     return {"healthy": not gpus and not problems, "gpus": gpus, "problems": problems}
 
 
+def gpu_label(gpu: Mapping[str, Any]) -> str:
+    """Name a GPU so that a person pulls the right card: PCI bus id, then serial and UUID.
+
+    The NVML index is not a name: it is the order of enumeration, and a lost GPU renumbers the
+    others at the next boot. It is given last, and only when it is all there is.
+
+    :param gpu: a GPU record, or a GPU of :func:`node_health` (``pci_bus_id``, ``serial``,
+        ``uuid``, ``index``, any of them ``None``).
+    :returns: e.g. ``"GPU 0000:4e:00.0 (serial 1654922000403, GPU-5e1c...)"``,
+        ``"GPU 0000:9b:00.0"``, or ``"GPU index 3"`` when no bus id, serial or UUID is known.
+    :raises: nothing.
+    """
+    bus = gpu.get("pci_bus_id")
+    ids = []
+    if gpu.get("serial"):
+        ids.append("serial %s" % gpu["serial"])
+    if gpu.get("uuid"):
+        ids.append(str(gpu["uuid"]))
+    if bus:
+        return "GPU %s%s" % (bus, " (%s)" % ", ".join(ids) if ids else "")
+    if ids:
+        return "GPU %s" % ", ".join(ids)
+    return "GPU index %s" % gpu.get("index") if gpu.get("index") is not None else "GPU (unidentified)"
+
+
 def describe_unusable(verdict: Mapping[str, Any]) -> str:
-    """One line naming the unusable GPUs of a :func:`node_health` verdict: ``"GPU 0 (0000:0b:00.0): reset_gpu: Xid 154 ..."``."""
+    """One line naming the unusable GPUs of a :func:`node_health` verdict (by :func:`gpu_label`).
+
+    :returns: e.g. ``"GPU 0000:0b:00.0 (serial 1321..., GPU-...): reset_gpu: Xid 154 ..."``, ``"; "``-joined.
+    """
     parts = []
     for gpu in verdict.get("gpus") or []:
-        parts.append("GPU %s (%s): %s: %s" % (gpu.get("index"), gpu.get("pci_bus_id") or "?", gpu.get("action"),
-                                              gpu["signals"][0]["reason"]))
+        parts.append("%s: %s: %s" % (gpu_label(gpu), gpu.get("action"), gpu["signals"][0]["reason"]))
     return "; ".join(parts)

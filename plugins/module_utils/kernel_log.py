@@ -118,6 +118,9 @@ _FALLEN = re.compile(r"fallen off the bus", re.IGNORECASE)
 _GPU_BUS = re.compile(
     r"GPU (?:at )?(?:PCI:)?(?P<bus>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
 _NV_RATE = re.compile(r"NVRM:.*\brate[- ]limit", re.IGNORECASE)
+_GPU_UUID = re.compile(r"NVRM: GPU at (?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?): "
+                       r"(?P<uuid>GPU-[0-9a-fA-F-]+)")
+_GPU_SERIAL = re.compile(r"NVRM: GPU Board Serial Number: (?P<serial>\S+)")
 _CALLBACKS = re.compile(r"(?P<func>[\w.$-]+): \d+ callbacks suppressed")
 _NV_FUNC = re.compile(r"^(?:nv|os_|_nv|NVRM|__ratelimit$|printk_ratelimit$|printk$)", re.IGNORECASE)
 _PRINTK_SUPPRESSED = re.compile(r"\bprintk: \d+ messages suppressed")
@@ -657,6 +660,37 @@ def parse_kernel_log(text: str, boot_time: Optional[float] = None,
         "incident_window_s": window,
         "dropped_lines": incidents.dropped_lines,
     }
+
+
+def gpu_identities(text: Optional[str]) -> Dict[str, Dict[str, Optional[str]]]:
+    """The UUID and board serial the driver printed for each GPU it initialised.
+
+    When it sets a GPU up, the NVIDIA kernel module prints ``NVRM: GPU at PCI:0000:9b:00:
+    GPU-<uuid>`` and, on the next NVRM line, ``NVRM: GPU Board Serial Number: <serial>`` (field
+    case 06). They name a GPU that no other source lists: one lost since, or a bundle with
+    nothing but a kernel log.
+
+    :param text: kernel log text (any format :func:`split_line` reads), or ``None``.
+    :returns: PCI bus id (normalised, ``0000:9b:00.0``) → ``{"uuid": str, "serial": str or None}``;
+        the last mention wins. ``{}`` for no text.
+    :raises: nothing.
+    """
+    found = {}  # type: Dict[str, Dict[str, Optional[str]]]
+    last = None  # type: Optional[str]
+    for line in (text or "").splitlines():
+        if "NVRM: GPU " not in line:
+            continue
+        match = _GPU_UUID.search(line)
+        if match:
+            last = _bus_id(match.group("bus"))
+            if last:
+                found[last] = {"uuid": match.group("uuid"), "serial": None}
+            continue
+        match = _GPU_SERIAL.search(line)
+        if match and last in found:
+            found[last]["serial"] = match.group("serial")
+            last = None
+    return found
 
 
 def keep_newest(text: Union[str, bytes, None], limit: int) -> Tuple[Union[str, bytes, None], int]:

@@ -30,7 +30,13 @@ from __future__ import annotations
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version, versions_match
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import describe_unusable, node_health
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import (
+    describe_unusable,
+    gpu_label,
+    node_health,
+    unlisted_gpus,
+)
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import classify
 
 #: Stable codes of the verdicts' ``flags`` (a verdict's ``flags`` list uses only these).
 FLAGS = {
@@ -226,13 +232,43 @@ def _gpu_count(facts: Optional[Mapping[str, Any]]) -> int:
     return int(count)
 
 
-def _unreadable(facts: Optional[Mapping[str, Any]]) -> List[str]:
+def _lost_candidates(facts: Mapping[str, Any], before: Optional[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """GPUs that may be the one NVML lost: gone from the readable GPUs since ``before``, or named by the kernel log only."""
+    readable = [gpu for gpu in facts.get("gpus") or [] if gpu.get("readable") is not False]
+    buses = set(gpu.get("pci_bus_id") for gpu in readable if gpu.get("pci_bus_id"))
+    uuids = set(gpu.get("uuid") for gpu in readable if gpu.get("uuid"))
+    out = []  # type: List[Dict[str, Any]]
+    before_gpus = (before or {}).get("gpus") or [] if _is_facts(before) else []
+    for gpu in before_gpus:
+        if gpu.get("pci_bus_id") and gpu["pci_bus_id"] not in buses and gpu.get("uuid") not in uuids:
+            out.append(gpu)
+    named = set(gpu.get("pci_bus_id") for gpu in out)
+    for gpu in unlisted_gpus(facts):
+        if gpu["pci_bus_id"] not in named:
+            out.append(gpu)
+    return out
+
+
+def _unreadable(facts: Optional[Mapping[str, Any]], before: Optional[Mapping[str, Any]] = None) -> List[str]:
+    """Each unreadable GPU, named by bus id, serial and UUID (gpu_health.gpu_label), never by its index alone.
+
+    A GPU that NVML reports lost may be read without its bus id; it is then named after the GPU
+    that is gone since ``before`` or that only the kernel log names (the card to pull), when there
+    is exactly one such GPU, else after all of them.
+    """
+    facts = facts or {}
     out = []
-    for gpu in (facts or {}).get("gpus") or []:
+    for gpu in facts.get("gpus") or []:
         if gpu.get("readable") is False:
-            label = "GPU %s" % gpu.get("index")
-            if gpu.get("pci_bus_id"):
-                label += " (%s)" % gpu["pci_bus_id"]
+            if gpu.get("pci_bus_id") or gpu.get("uuid") or gpu.get("serial"):
+                label = gpu_label(gpu)
+            else:
+                candidates = _lost_candidates(facts, before)
+                label = "GPU of NVML index %s" % gpu.get("index")
+                if len(candidates) == 1:
+                    label = "%s (NVML index %s at this boot)" % (gpu_label(candidates[0]), gpu.get("index"))
+                elif candidates:
+                    label += ", one of %s" % ", ".join(gpu_label(c) for c in candidates)
             errors = gpu.get("errors") or []
             if errors:
                 label += ": %s" % ", ".join(str(error) for error in errors)
@@ -409,7 +445,10 @@ def _verify_gpus(result: Dict[str, Any], before: Optional[Mapping[str, Any]], af
     before_count = _gpu_count(before) if _is_facts(before) else 0
     if before_count:
         if after_count != before_count and not opts["allow_gpu_count_change"]:
-            _fail(result, "gpu_count_changed", "GPU count changed: %d before, %d after" % (before_count, after_count))
+            gone = _lost_candidates(after, before) if after_count < before_count else []
+            _fail(result, "gpu_count_changed", "GPU count changed: %d before, %d after%s" % (
+                before_count, after_count,
+                " (gone: %s)" % "; ".join(gpu_label(gpu) for gpu in gone) if gone else ""))
         before_uuids = _uuids(before)
         after_uuids = _uuids(after)
         if before_uuids and after_uuids and before_uuids != after_uuids and after_count == before_count \
@@ -421,7 +460,7 @@ def _verify_gpus(result: Dict[str, Any], before: Optional[Mapping[str, Any]], af
         _fail(result, "no_gpus", "no GPU is visible after the upgrade")
     else:
         _note(result, "gpu_count_unknown_before", "the snapshot saw no GPU (no driver then); %d now" % after_count)
-    lost = _unreadable(after)
+    lost = _unreadable(after, before)
     if lost:
         _fail(result, "gpu_unreadable", "GPU unreadable: %s" % "; ".join(lost))
     attached = after.get("attached_gpus")
@@ -431,7 +470,7 @@ def _verify_gpus(result: Dict[str, Any], before: Optional[Mapping[str, Any]], af
 
 def _not_usable(facts: Mapping[str, Any], ignore_xids: Iterable[Any]) -> Dict[str, Any]:
     """gpu_health.node_health, less the signals other flags already carry (an unreadable GPU, a fatal Xid)."""
-    health = node_health(facts, ignore_xids)
+    health = node_health(facts, ignore_xids, include_unlisted=False)
     gpus = []
     for gpu in health["gpus"]:
         signals = [signal for signal in gpu["signals"]
@@ -809,3 +848,54 @@ def gate_verdict(per_node: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
                 if flag not in result["flags"]:
                     result["flags"].append(flag)
     return result
+
+
+
+# ---------------------------------------------------------------------------------------------
+# What to do next with a node the rollout left out of service
+# ---------------------------------------------------------------------------------------------
+
+#: Verdict flags that point at the hardware rather than at the driver.
+HARDWARE_FLAGS = ("gpu_count_changed", "gpu_unreadable", "gpu_identity_changed", "no_gpus")
+
+_RETURN = ("when it is fixed, run playbooks/rollback.yml --limit %s: it verifies the node against its snapshot, "
+           "clears the flag (/etc/ansible/facts.d/gpufleet_rollout.fact) and undrains it; then run the rollout again "
+           "with the same rollout_id to resume")
+
+
+def next_step(record: Mapping[str, Any]) -> Optional[str]:
+    """The next step for a node a rollout left out of service, from its report record.
+
+    :param record: a rollout report record (``rollout_report``: ``node``, ``result``, ``flags``,
+        ``new_fatal_xids`` ({Xid: count}), ``rollback`` ({version, ok}), ``reason``).
+    :returns: one sentence: what points where (the hardware for a lost GPU or a fatal Xid whose
+        NVIDIA resolution is a reboot or an inspection, e.g. Xid 79 after the rollback reboot;
+        the driver otherwise), and how to clear the flag and resume; ``None`` for a node that
+        is in service (``upgraded``, ``skipped``, ``not_started``).
+    :raises: nothing.
+    """
+    result = record.get("result")
+    node = record.get("node") or "NODE"
+    if result in (None, "upgraded", "skipped", "not_started"):
+        return None
+    if result == "refused":
+        return "nothing was changed; remove the cause the preflight names, then run the rollout again"
+    if result in ("unreachable", "interrupted"):
+        return ("bring the node back (console or BMC), then run the rollout again with the same rollout_id: it "
+                "resumes the node from its snapshot")
+    flags = set(record.get("flags") or [])
+    hardware_xids = sorted((xid for xid in (record.get("new_fatal_xids") or {})
+                            if str(xid).isdigit() and classify(int(xid))["action"] in ("reboot", "hardware_inspection")),
+                           key=int)
+    rollback = record.get("rollback") or {}
+    where = "on %s" % rollback["version"] if rollback.get("version") else "on the driver it had"
+    if flags & set(HARDWARE_FLAGS) or hardware_xids:
+        evidence = ", ".join(["Xid %s" % xid for xid in hardware_xids] + sorted(flags & set(HARDWARE_FLAGS)))
+        if rollback.get("version") and not rollback.get("ok"):
+            evidence += " after the rollback reboot"
+        return ("look at the hardware (%s): reseat the GPU the reason names by bus id, or RMA it by its serial "
+                "if the fault comes back; the node stays drained %s; %s" % (evidence, where, _RETURN % node))
+    if result == "rolled_back":
+        return ("the node is back %s, drained and flagged: find why the target failed (the reason above) before "
+                "a new attempt; %s" % (where, _RETURN % node))
+    return "fix what the reason names (the driver transaction or its verification); %s" % (_RETURN % node)

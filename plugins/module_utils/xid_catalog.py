@@ -47,6 +47,8 @@ from typing import Any, Dict, Optional, Tuple
 
 AS_OF = "2026-11-29"
 
+#: Severities of an Xid event, least to most serious (the one scale of kernel-log events; a drift
+#: finding has its own, drift.FINDING_SEVERITIES).
 SEVERITIES = ("info", "warning", "critical", "fatal")
 ACTIONS = ("ignore", "check_application", "reset_gpu", "reboot", "hardware_inspection")
 

@@ -72,6 +72,13 @@ options:
       - List installed NVIDIA driver packages and their hold state (dpkg or rpm).
     type: bool
     default: true
+  rollout_state_dir:
+    description:
+      - Directory where the P(gpufleet.nvidia.node_upgrade#role) role keeps its state (its
+        C(node_upgrade_state_dir)); its C(drain.json) says a rollout drained the node. With the flag file
+        C(/etc/ansible/facts.d/gpufleet_rollout.fact) it fills C(ansible_facts.nvidia.rollout).
+    type: path
+    default: /var/lib/gpufleet/rollout
 notes:
   - This module supports check mode; it only reads.
   - Reading some NVML fields (for example retired pages) may need root.
@@ -122,6 +129,25 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+headline:
+  description:
+    - What an operator reads first, also in C(ansible_facts.nvidia.headline) - the node's C(verdict)
+      (C(healthy), C(unhealthy) or C(unknown) when the evidence does not tell), a one-sentence C(summary),
+      the worst problem of each GPU that is not usable (named by PCI bus id, serial and UUID), the
+      recommended C(action) and C(next_step), and what could not be read (C(unknown)).
+  returned: always
+  type: dict
+  sample:
+    verdict: unhealthy
+    summary: "unhealthy: 1 GPU(s) not usable (GPU count unknown): GPU 0000:9b:00.0 (serial 1654922000001, GPU-...): Xid 119 (GSP RPC timeout)."
+    gpus:
+      - gpu: "GPU 0000:9b:00.0 (serial 1654922000001, GPU-...)"
+        pci_bus_id: "0000:9b:00.0"
+        problem: Xid 119 (GSP RPC timeout)
+        action: reset_gpu
+    action: reset_gpu
+    next_step: "drain the node, reset GPU 0000:9b:00.0 (...) (nvidia-smi -r -i <bus id>) or reboot the node, then read the facts again"
+    unknown: [gpu_count, driver.state, driver.userspace_version, driver.loaded_version]
 ansible_facts:
   description: Facts to add to C(ansible_facts).
   returned: always
@@ -158,7 +184,7 @@ ansible_facts:
           type: list
           elements: dict
         gpu_count:
-          description: Number of GPU records.
+          description: Number of GPU records; V(null) (unknown, not 0) when neither NVML nor nvidia-smi answered.
           type: int
         attached_gpus:
           description: Number of GPUs the source says are attached (may differ from C(gpu_count)).
@@ -216,6 +242,21 @@ ansible_facts:
             node: {cuda_driver_version: "13.0", kernel: 6.1.0-28-amd64}
             gpus: [{index: 0, memory_reserved_mib: 545, power_default_limit_w: 700.0}]
             units: [{index: 0, uuid: GPU-00000000-0000-0000-0000-0000000000a0}]
+        kernel_log_gpus:
+          description:
+            - The UUID and board serial the driver printed for each GPU it set up (C(pci_bus_id), C(uuid),
+              C(serial)); they name a GPU that no other source lists.
+          type: list
+          elements: dict
+        headline:
+          description: The headline block (see the result's C(headline)).
+          type: dict
+        rollout:
+          description:
+            - What a rollout left on the node - C(flagged) (with the flag's C(reason), C(rollout_id), C(stage),
+              C(time), C(rollback_version), C(rollback_verified)) and C(drained) (C(drained_by), C(drained_at));
+              V(null) values when not read (a capture).
+          type: dict
         unsupported:
           description: Fields a GPU or the driver would not give, with the NVML error.
           type: list
@@ -243,6 +284,8 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_assemble imp
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import MAX_XID_KEYS, keep_newest
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import load_pynvml, read_nvml
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_lock import read_state, unreadable_state
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import rollout_marks
 
 # Reading limit of one file or command output, in bytes (characters for command output).
 _MAX_FILE_BYTES = 64 * 1024 * 1024
@@ -453,6 +496,12 @@ def collect_live(module):
     inputs["proc_version"] = _read_text_file("/proc/driver/nvidia/version")
     inputs["modules_find"] = list_nvidia_modules()
     inputs["peermem_version"] = _read_text_file("/sys/module/nvidia_peermem/version")
+    for key, path in (("rollout_flag", rollout_marks.FLAG_FILE),
+                      ("rollout_drain", os.path.join(module.params["rollout_state_dir"], "drain.json"))):
+        try:
+            inputs[key] = read_state(path)
+        except OSError as err:
+            inputs[key] = unreadable_state("%s cannot be read (%s)" % (path, err))
     result = _run(module, ["mokutil", "--sb-state"])
     if result is not None:
         inputs["mokutil_sb_state"] = "%s\n%s" % (result[1], result[2])
@@ -514,6 +563,7 @@ def main():
             capture_dir=dict(type="path"),
             kernel_log=dict(type="bool", default=True),
             packages=dict(type="bool", default=True),
+            rollout_state_dir=dict(type="path", default=rollout_marks.STATE_DIR),
         ),
         supports_check_mode=True,
     )
@@ -544,7 +594,9 @@ def main():
                         "%d distinct Xid numbers beyond them); Xid counts are lower bounds"
                         % (dropped, MAX_XID_KEYS, MAX_XID_KEYS))
     facts["warnings"] = warnings + list(facts.get("warnings") or [])
-    module.exit_json(changed=False, ansible_facts={"nvidia": facts})
+    # The headline first: what an operator reads before the rest of the document.
+    facts = dict([("headline", facts["headline"])] + [(k, v) for k, v in facts.items() if k != "headline"])
+    module.exit_json(changed=False, headline=facts["headline"], ansible_facts={"nvidia": facts})
 
 
 if __name__ == "__main__":

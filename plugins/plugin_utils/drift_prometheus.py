@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import SEVERITIES
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import FINDING_SEVERITIES
 
 #: The labels that identify a GPU, named and formatted as dcgm-exporter's.
 GPU_LABELS = ("Hostname", "UUID", "gpu", "pci_bus_id", "modelName")
@@ -102,10 +102,10 @@ def drift_families(report: Mapping[str, Any], timestamp: float) -> List[Any]:
         host = node.get("hostname") or name
         in_sync.add_metric([host, name, klass], 1.0 if node["in_sync"] else 0.0)
         if node["findings"]:
-            counts = dict((severity, 0) for severity in SEVERITIES)
+            counts = dict((severity, 0) for severity in FINDING_SEVERITIES)
             for finding in node["findings"]:
                 counts[finding["severity"]] += 1
-            for severity in reversed(SEVERITIES):
+            for severity in reversed(FINDING_SEVERITIES):
                 findings.add_metric([host, name, klass, severity], float(counts[severity]))
         versions = node.get("driver") or {}
         driver.add_metric([host, name, klass, versions.get("loaded") or "", versions.get("userspace") or "",

@@ -32,6 +32,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from jinja2 import Environment, StrictUndefined
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import next_step
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_journal import locked
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_output import write_atomic
@@ -181,9 +182,12 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
         "started_at"}`` or ``None`` (then the stages come from the records).
     :param records: ``{host: record}``.
     :returns: ``{"rollout_id", "generated_at", "status": "completed" | "stopped" | "in_progress",
-        "stopped_by": [{"node", "stage", "result", "reason"}], "summary": {result: n, "not_started": n,
-        "nodes": n}, "stages": [{"name", "hosts", "counts": {...}, "ran": bool}], "nodes": [record
-        or {"node", "stage", "result": "not_started"}] in plan order, "notes": [str],
+        "stopped_by": [{"node", "stage", "result", "reason", "next_step"}], "summary": {result: n,
+        "not_started": n, "nodes": n, "rollbacks": n (nodes whose driver was rolled back, whatever
+        their result), "rollbacks_flagged": n (of those, still flagged)}, "stages": [{"name",
+        "hosts", "counts": {...}, "ran": bool}], "nodes": [record, with ``next_step``
+        (rollout_verdict.next_step), or {"node", "stage", "result": "not_started"}] in plan order,
+        "notes": [str],
         "wall_s": float | None, "stop_reason": str | None, "quarantined": [{"node", "stage", "result",
         "reason"}], "deferred": [names], "budgets": {...} | None}``.
     :param decision: ``rollout_budget.decide`` over the journal (a rollout run in steps): then the
@@ -208,18 +212,23 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
             record = records.get(host)
             if record is None:
                 record = {"node": host, "stage": stage["name"], "result": "not_started"}
-            nodes.append(dict(record))
+            nodes.append(dict(record, next_step=next_step(record)))
             counts[record.get("result") or "failed"] = counts.get(record.get("result") or "failed", 0) + 1
         stage_rows.append({"name": stage["name"], "hosts": list(stage.get("hosts") or []), "counts": counts,
                            "ran": any(counts[r] for r in RESULTS)})
     for host in sorted(set(records) - planned):
-        nodes.append(dict(records[host]))
+        nodes.append(dict(records[host], next_step=next_step(records[host])))
     summary = dict((result, 0) for result in RESULTS + ("not_started",))
     for node in nodes:
         summary[node.get("result") or "failed"] = summary.get(node.get("result") or "failed", 0) + 1
     summary["nodes"] = len(nodes)
-    failed = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "reason": n.get("reason")}
-              for n in nodes if n.get("result") in STOPPING]
+    # A rollback is an event, the result a state: a node rolled back and still flagged counts in both,
+    # so the summary agrees with the rows that say "rolled back to ...".
+    rolled = [n for n in nodes if n.get("result") == "rolled_back" or (n.get("rollback") or {}).get("version")]
+    summary["rollbacks"] = len(rolled)
+    summary["rollbacks_flagged"] = len([n for n in rolled if n.get("result") != "rolled_back"])
+    failed = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "reason": n.get("reason"),
+               "next_step": n.get("next_step")} for n in nodes if n.get("result") in STOPPING]
     stop = (decision or {}).get("stop")
     if decision is not None:
         named = set((stop or {}).get("nodes") or [])
@@ -255,8 +264,10 @@ _MARKDOWN = """\
 
 Status: **{{ r.status }}**{{ (': ' ~ (r.stop_reason | md)) if r.stop_reason else '' }}\
 {{ (' (stopped by ' ~ (r.stopped_by | map(attribute='node') | join(', ')) ~ ')') if r.stopped_by else '' }}.
-{{ s.nodes }} nodes: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target, {{ s.rolled_back }} rolled back, \
-{{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.{{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
+{{ s.nodes }} nodes: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target, {{ s.rollbacks }} rolled back\
+{{ (' (%d of them still flagged)' % s.rollbacks_flagged) if s.rollbacks_flagged else '' }}, \
+{{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.\
+{{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
 
 | stage | nodes | upgraded | skipped | rolled back | flagged | refused | not started |
 |---|---:|---:|---:|---:|---:|---:|---:|
@@ -274,7 +285,7 @@ Status: **{{ r.status }}**{{ (': ' ~ (r.stop_reason | md)) if r.stop_reason else
 
 Quarantined (drained and flagged, out of service until cleared):
 {% for q in r.quarantined %}
-- {{ q.node | md }} ({{ q.stage }}): {{ q.result }}: {{ q.reason | md }}
+- {{ q.node | md }} ({{ q.stage }}): {{ q.result }}: {{ q.reason | md }}{{ (' Next step: ' ~ (q.next_step | md) ~ '.') if q.next_step else '' }}
 {% endfor %}
 {% endif %}
 {% if r.deferred %}

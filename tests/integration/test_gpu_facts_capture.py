@@ -30,10 +30,10 @@ def ansible_gpu_facts(args):
 
 @pytest.mark.parametrize("bundle,expect", [
     ("a100-mig", {"gpu_count": 1, "state": "ok", "userspace": "535.54.03", "mig_devices": 4}),
-    ("dkms-module-older-than-userspace", {"gpu_count": 0, "state": "broken", "userspace": "595.84",
+    ("dkms-module-older-than-userspace", {"gpu_count": None, "state": "broken", "userspace": "595.84",
                                           "on_disk": "595.80"}),
-    ("no-module-for-running-kernel", {"gpu_count": 0, "state": "broken", "userspace": None}),
-    ("xid119-gsp", {"gpu_count": 0, "state": None, "userspace": None, "xids": {"119": 5}}),
+    ("no-module-for-running-kernel", {"gpu_count": None, "state": "broken", "userspace": None}),
+    ("xid119-gsp", {"gpu_count": None, "state": None, "userspace": None, "xids": {"119": 5}}),
 ])
 def test_capture_through_the_ansible_cli(tmp_path, bundle, expect):
     directory = captures.build(bundle, str(tmp_path / bundle))

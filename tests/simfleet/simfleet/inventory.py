@@ -9,7 +9,8 @@ Shape (YAML; ``render_ini`` writes the same in INI)::
         simfleet:
           children:
             gpu_h100: {hosts: {node01: {ansible_host: 127.0.0.1, ansible_port: 22201,
-                                        simfleet_gpu_class: h100, simfleet_apt_repo_url: ...}}}
+                                        simfleet_gpu_class: h100, gpufleet_gpu_count: 8,
+                                        simfleet_apt_repo_url: ...}}}
             gpu_a100: ...
 
 Group names are ``gpu_<class>`` for the classes of ``simfleet.gpu.profiles.PROFILES``.
@@ -52,11 +53,18 @@ def fleet_vars(fleet: dict[str, Any]) -> dict[str, Any]:
 
 
 def host_vars(node: dict[str, Any]) -> dict[str, Any]:
-    """Per-host variables of one node entry (name, class, port, root, repo_url)."""
+    """Per-host variables of one node entry (name, class, port, root, repo_url).
+
+    ``gpufleet_gpu_count`` declares the GPUs a node of its class has (the profile's count), so the
+    drift report finds a node that lost one.
+    """
+    from simfleet.gpu import profiles  # pylint: disable=import-outside-toplevel
+
     return {
         "ansible_host": "127.0.0.1",
         "ansible_port": node["port"],
         "simfleet_gpu_class": node["class"],
+        "gpufleet_gpu_count": int(profiles.PROFILES[node["class"]]["count"]),
         "simfleet_node_root": node["root"],
         "simfleet_apt_repo_url": node["repo_url"],
         **({"simfleet_slurm_node_name": node["name"], "simfleet_slurm_partition": "gpu_" + node["class"]}

@@ -283,6 +283,15 @@ def test_the_inventory_of_a_fleet_with_slurm_says_where_slurm_commands_run():
     assert "simfleet_slurm_node_name=node01" in inventory.render_ini(_inventory_fleet(True))
 
 
+def test_the_inventory_declares_each_node_gpu_count_for_the_drift_report():
+    data = yaml.safe_load(inventory.render_yaml(_inventory_fleet(False)))
+    hosts = {}
+    for group in data["all"]["children"]["simfleet"]["children"].values():
+        hosts.update(group["hosts"])
+    assert {name: h["gpufleet_gpu_count"] for name, h in hosts.items()} == {"node01": 8, "node02": 4}
+    assert "gpufleet_gpu_count=4" in inventory.render_ini(_inventory_fleet(False))
+
+
 def test_the_inventory_of_a_fleet_without_slurm_has_no_slurm_variables():
     text = inventory.render_yaml(_inventory_fleet(False))
     assert "slurm" not in text

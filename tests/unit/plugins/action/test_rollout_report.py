@@ -69,8 +69,10 @@ def test_report_status_stopped_completed_in_progress():
         "a1": record("a1", "canary", "rolled_back", reason="GPU count changed: 8 before, 7 after", after="580.126.20"),
     })
     assert stopped["status"] == "stopped"
-    assert stopped["stopped_by"] == [{"node": "a1", "stage": "canary", "result": "rolled_back",
-                                      "reason": "GPU count changed: 8 before, 7 after"}]
+    assert [dict(entry, next_step=None) for entry in stopped["stopped_by"]] == [
+        {"node": "a1", "stage": "canary", "result": "rolled_back", "reason": "GPU count changed: 8 before, 7 after",
+         "next_step": None}]
+    assert stopped["summary"]["rollbacks"] == 1 and stopped["summary"]["rollbacks_flagged"] == 0
     assert stopped["summary"]["not_started"] == 3
     assert [s["ran"] for s in stopped["stages"]] == [True, True, False]
     assert [n["result"] for n in stopped["nodes"]] == ["upgraded", "rolled_back", "not_started", "not_started",
@@ -78,6 +80,29 @@ def test_report_status_stopped_completed_in_progress():
     done = rr.build_report(PLAN, dict((n, record(n, "x", "upgraded")) for n in ("h1", "a1", "l1", "v1", "h2")))
     assert done["status"] == "completed" and done["summary"]["upgraded"] == 5 and done["wall_s"] == 60.0
     assert rr.build_report(PLAN, {"h1": record("h1", "golden", "upgraded")})["status"] == "in_progress"
+
+
+def test_a_node_rolled_back_then_flagged_counts_as_rolled_back_and_gets_its_next_step():
+    """The demo's node06: Xid 79 after the rollback reboot, one GPU lost, left flagged."""
+    node06 = record("a1", "canary", "flagged", after="580.126.20",
+                    reason="GPU count changed: 8 before, 7 after (gone: GPU 0000:4e:00.0 (serial 1654922000403))",
+                    flags=["gpu_count_changed", "new_fatal_xid"], new_fatal_xids={"79": 1},
+                    rollback={"version": "580.126.20", "ok": False})
+    report = rr.build_report(PLAN, {"h1": record("h1", "golden", "upgraded"), "a1": node06})
+    summary = report["summary"]
+    assert (summary["flagged"], summary["rolled_back"], summary["rollbacks"], summary["rollbacks_flagged"]) == (1, 0, 1, 1)
+    step = report["nodes"][1]["next_step"]
+    assert step.startswith("look at the hardware (Xid 79, gpu_count_changed after the rollback reboot): reseat")
+    assert "RMA" in step and "playbooks/rollback.yml --limit a1" in step and "same rollout_id" in step
+    assert report["nodes"][0]["next_step"] is None
+    text = rr.render_markdown(report)
+    assert "5 nodes: 1 upgraded, 0 already on target, 1 rolled back (1 of them still flagged), 1 flagged," in text
+    assert "- a1 (canary): flagged: GPU count changed" not in text  # no decision: no quarantine list
+    # A verified rollback is a rolled_back result, with the driver as the place to look.
+    back = rr.build_report(PLAN, {"a1": record("a1", "canary", "rolled_back", flags=["version_not_loaded"],
+                                               rollback={"version": "580.126.20", "ok": True})})
+    assert back["summary"]["rollbacks"] == 1 and back["summary"]["rollbacks_flagged"] == 0
+    assert back["nodes"][1]["next_step"].startswith("the node is back on 580.126.20, drained and flagged")
 
 
 def test_markdown_rows_and_notes():

@@ -23,6 +23,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import (
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_xml import parse_nvidia_smi_xml
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_marks import rollout_marks
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_output, fact_sources
 
 CASES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "cases")
@@ -143,6 +144,48 @@ def test_health_findings_gpu_count_unreadable_fatal_xid_unpinned():
     assert by["gpu_count"]["message"] == "7 GPU(s) visible, 8 declared"
     assert by["fatal_xid"]["actual"] == [79]
     assert by["driver_not_pinned"]["actual"] == ["nvidia-driver"]
+
+
+def test_a_node_a_rollout_flagged_is_a_finding_with_the_flag_reason():
+    """The demo's node06: flagged after its rollback reboot, one GPU lost (7 of 8 declared)."""
+    engine = DriftEngine()
+    facts = node_facts("h100", version="580.126.20", limit_w=600.0)
+    facts["gpus"] = facts["gpus"][:7]
+    facts["gpu_count"] = 7
+    flag = {"flagged": True, "rollout_id": "driver-ltsb", "stage": "canary", "time": "2026-11-29T21:55:41Z",
+            "reason": "GPU count changed: 8 before, 7 after", "rollback_version": "580.126.20", "drained": True}
+    drain = {"backend": "slurm", "rollout_id": "driver-ltsb", "drained_at": "2026-11-29T21:40:02Z"}
+    facts["rollout"] = rollout_marks({"exists": True, "content": flag, "unreadable": None},
+                                     {"exists": True, "content": drain, "unreadable": None})
+    found = engine.node_findings("node06", "gpu_h100", facts, declared_state(dict(H100_VARS, driver_branch="580")))
+    by = dict((f["check"], f) for f in found)
+    assert sorted(by) == ["gpu_count", "rollout_flagged"]
+    assert by["rollout_flagged"]["severity"] == "critical"
+    assert by["rollout_flagged"]["message"] == ("flagged by rollout driver-ltsb (stage canary, 2026-11-29T21:55:41Z): "
+                                                "GPU count changed: 8 before, 7 after")
+    assert by["gpu_count"]["message"] == "7 GPU(s) visible, 8 declared"
+    # Drained by a rollout without a flag: in flight, or left out of service.
+    facts["rollout"] = rollout_marks({"exists": False, "content": None, "unreadable": None},
+                                     {"exists": True, "content": drain, "unreadable": None})
+    found = engine.node_findings("node06", "gpu_h100", facts, declared_state(dict(H100_VARS, driver_branch="580")))
+    drained = [f for f in found if f["check"].startswith("rollout_")]
+    assert [(f["check"], f["severity"], f["message"]) for f in drained] == [
+        ("rollout_drained", "warning", "drained by rollout driver-ltsb since 2026-11-29T21:40:02Z and not returned to "
+                                       "service")]
+    # A flag file that cannot be parsed is a flag too (the rollout refuses such a node).
+    marks = rollout_marks({"exists": True, "content": None, "unreadable": "/etc/x.fact is not JSON (Expecting value)"}, None)
+    assert marks["flagged"] is True and marks["drained"] is None
+    assert marks["reason"] == "/etc/x.fact is not JSON (Expecting value); inspect and remove it"
+    # Not read at all (a capture bundle): unknown, and no finding.
+    assert rollout_marks(None, None)["flagged"] is None
+    # The node's own headline rides along with its findings in the report.
+    facts["headline"] = {"verdict": "unhealthy", "summary": "unhealthy: flagged", "action": "clear_rollout_flag",
+                         "next_step": "run playbooks/rollback.yml", "gpus": []}
+    report = build_report([{"node": "node06", "class": "gpu_h100", "facts": facts,
+                            "declared": declared_state(dict(H100_VARS, driver_branch="580"))}])
+    assert report["nodes"]["node06"]["headline"] == {"verdict": "unhealthy", "summary": "unhealthy: flagged",
+                                                     "action": "clear_rollout_flag",
+                                                     "next_step": "run playbooks/rollback.yml"}
 
 
 def test_case_01_a100_mig_persistence_and_count():

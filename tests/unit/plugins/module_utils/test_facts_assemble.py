@@ -54,6 +54,43 @@ def test_case06_xid119_count_and_action():
     assert facts["driver"]["state"] is None
 
 
+def test_case06_kernel_log_alone_headline_names_the_gpu_and_keeps_unknowns_null():
+    """Field case 06: only a kernel log with a critical Xid 119 on 0000:9b:00.0."""
+    facts = facts_of("xid119-gsp")
+    assert facts["gpu_count"] is None and facts["gpus"] == []
+    assert facts["kernel_log_gpus"] == [{"pci_bus_id": "0000:9b:00.0", "serial": "0000000000001",
+                                         "uuid": "GPU-00000000-0000-0000-0000-000000000001"}]
+    reasons = " ".join(facts["driver"]["state_reasons"])
+    assert "No NVIDIA driver was seen" not in reasons
+    assert "NVRM lines" in reasons and "undetermined" in reasons
+    # The GPU the log names is not usable, although no GPU source lists it.
+    assert facts["health"]["healthy"] is False
+    assert [(g["pci_bus_id"], g["index"], g["listed"], g["action"]) for g in facts["health"]["gpus"]] == [
+        ("0000:9b:00.0", None, False, "reset_gpu")]
+    headline = facts["headline"]
+    assert headline["verdict"] == "unhealthy"
+    assert headline["action"] == "reset_gpu"
+    assert [(g["gpu"], g["problem"]) for g in headline["gpus"]] == [
+        ("GPU 0000:9b:00.0 (serial 0000000000001, GPU-00000000-0000-0000-0000-000000000001)",
+         "Xid 119 (GSP RPC timeout)")]
+    assert headline["summary"].startswith("unhealthy: 1 GPU(s) not usable (GPU count unknown): GPU 0000:9b:00.0")
+    assert "0000:9b:00.0" in headline["next_step"] and "reset" in headline["next_step"]
+    assert headline["unknown"] == ["gpu_count", "driver.state", "driver.userspace_version", "driver.loaded_version"]
+
+
+def test_case01_xml_alone_reasons_do_not_claim_a_loaded_version():
+    facts = facts_of("a100-mig")
+    driver = facts["driver"]
+    assert driver["loaded_version"] is None and driver["state"] == "ok"
+    reasons = " ".join(driver["state_reasons"])
+    assert "agree" not in reasons
+    assert "535.54.03" in reasons and "not read" in reasons
+    headline = facts["headline"]
+    assert headline["verdict"] == "healthy" and headline["gpus"] == [] and headline["action"] is None
+    assert headline["summary"] == "healthy: 1 GPU(s) usable, driver 535.54.03."
+    assert headline["unknown"] == ["driver.loaded_version"]
+
+
 def test_case08_application_xids_are_not_driver_faults():
     facts = facts_of("xid-app-and-109")
     summary = facts["xid_summary"]
@@ -76,7 +113,9 @@ def test_case17_nvml_mismatch_is_reboot_pending_not_a_crash():
     facts = facts_of("nvml-mismatch-after-unattended-upgrade")
     assert facts["nvml_error"] == "LibRmVersionMismatch"
     assert facts["driver"]["state"] == "reboot_pending"
-    assert facts["gpu_count"] == 0
+    # nvidia-smi failed: the GPUs were not counted, which is not the same as none.
+    assert facts["gpu_count"] is None
+    assert facts["headline"]["verdict"] == "unhealthy" and facts["headline"]["action"] == "reboot"
 
 
 def test_case23_module_older_than_userspace_is_broken():

@@ -69,7 +69,8 @@ def test_case30_gpu_is_not_healthy_and_a_canary_fails_verification():
     assert [(p["kind"], p["reboot_fixes"]) for p in health["problems"]] == [("gpu_reset_required_unattributed", True)]
     verdict = healthy(facts)
     assert "gpu_not_usable" in verdict["flags"] and "fatal_xid" not in verdict["flags"]
-    assert "GPU 0 (0000:18:00.0): reset_gpu: Xid 154" in verdict["details"]["gpu_not_usable"]
+    assert "GPU 0000:18:00.0 (serial 1650000000001, GPU-00000000-0000-0000-0000-0000000000a0): reset_gpu: Xid 154" \
+        in verdict["details"]["gpu_not_usable"]
     after = dict(facts, driver=dict(facts["driver"], state="ok", loaded_version="580.95.05",
                                     on_disk_version="580.95.05"))
     checked = verify_upgrade(after, after, "580.95.05", options={"rebooted": True})

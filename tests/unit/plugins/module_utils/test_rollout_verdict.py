@@ -134,11 +134,34 @@ def test_verify_gpu_lost_after_reboot():
     assert "0000:38:00.0" in verdict["details"]["new_fatal_xid"]
 
 
+def test_verify_names_the_lost_gpu_by_bus_id_not_by_the_index_the_reboot_gave():
+    """NVML lists a lost GPU last, without its identity; the card gone since the snapshot is named."""
+    before = facts(OLD)
+    after = facts(NEW, kernel_log_text="[ 1.0] NVRM: Xid (PCI:0000:48:00): 79, pid=0, GPU has fallen off the bus.\n")
+    gone = before["gpus"][3]
+    lost = new_gpu(7)
+    lost["readable"] = False
+    lost["errors"] = ["GpuIsLost"]
+    after["gpus"] = [dict(gpu) for gpu in before["gpus"] if gpu is not gone] + [lost]
+    verdict = verify_upgrade(before, after, NEW, options={"rebooted": True})
+    reason = verdict["details"]["gpu_unreadable"]
+    assert reason == ("GPU unreadable: GPU 0000:48:00.0 (GPU-00000003-0000-0000-0000-000000000000) "
+                      "(NVML index 7 at this boot): GpuIsLost")
+    # With the lost one no longer listed, the count change names the card that is gone.
+    after["gpus"] = after["gpus"][:7]
+    after["gpu_count"] = after["attached_gpus"] = 7
+    verdict = verify_upgrade(before, after, NEW, options={"rebooted": True})
+    assert verdict["details"]["gpu_count_changed"] == (
+        "GPU count changed: 8 before, 7 after (gone: GPU 0000:48:00.0 (GPU-00000003-0000-0000-0000-000000000000))")
+
+
 def test_verify_gpu_unreadable_and_attached_mismatch():
     after = facts(NEW, lost=(3,))
     verdict = verify_upgrade(after, facts(OLD), NEW)
     assert verdict["flags"] == ["gpu_unreadable"]
-    assert "GPU 3 (0000:48:00.0): GpuIsLost" in verdict["reasons"][0]
+    # Named by bus id (and serial, UUID), not by the index a reboot reassigns.
+    assert "GPU 0000:48:00.0 (" in verdict["reasons"][0] and verdict["reasons"][0].endswith(": GpuIsLost")
+    assert "GPU 3" not in verdict["reasons"][0]
     after = facts(NEW)
     after["attached_gpus"] = 8
     after["gpus"] = after["gpus"][:7]

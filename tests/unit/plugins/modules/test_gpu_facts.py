@@ -59,12 +59,21 @@ def test_live_host_without_nvidia_driver(capsys, tmp_path, monkeypatch):
         (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", str(bin_dir))
-    code, result = run_module({}, capsys)
+    state_dir = tmp_path / "rollout"
+    state_dir.mkdir()
+    (state_dir / "drain.json").write_text(json.dumps({"backend": "slurm", "rollout_id": "driver-ltsb",
+                                                     "drained_at": "2026-11-29T21:40:02Z"}))
+    code, result = run_module({"rollout_state_dir": str(state_dir)}, capsys)
     assert code == 0
     facts = result["ansible_facts"]["nvidia"]
+    # The drain record of a rollout is read from the node_upgrade role's state directory.
+    assert (facts["rollout"]["drained"], facts["rollout"]["drained_by"]) == (True, "driver-ltsb")
+    assert list(facts)[0] == "headline"
     assert facts["source"] == "none"
     assert facts["driver"]["state"] == "not_installed"
-    assert facts["gpus"] == [] and facts["gpu_count"] == 0
+    # No driver: no GPU source answered, so the GPUs are not counted (null, not 0).
+    assert facts["gpus"] == [] and facts["gpu_count"] is None
+    assert result["headline"]["verdict"] == "unhealthy" and result["headline"]["action"] == "install_driver"
     assert facts["driver"]["running_kernel"] == os.uname()[2]
 
 
