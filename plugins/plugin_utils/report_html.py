@@ -101,7 +101,8 @@ def environment() -> Environment:
     """
     env = Environment(undefined=StrictUndefined, autoescape=True, trim_blocks=True, lstrip_blocks=True)
     env.globals["colours"] = COLOURS
-    env.globals.update(env.from_string(MACROS).module.__dict__)
+    macros = env.from_string(MACROS).module
+    env.globals.update((name, getattr(macros, name)) for name in ("pill", "bar", "legend", "count"))
     return env
 
 

@@ -98,7 +98,7 @@ def rollout_junit(report: Mapping[str, Any]) -> str:
         total = (node.get("durations") or {}).get("total_s")
         if total is not None:
             case.set("time", "%.1f" % float(total))
-        reason = str(node.get("reason") or result)
+        reason = str(node.get("reason") or ("not started yet" if result == "not_started" else result))
         if result in ROLLOUT_FAILURES:
             failure = ET.SubElement(case, "failure", type=result, message="%s: %s" % (result, reason))
             rollback = node.get("rollback") or {}

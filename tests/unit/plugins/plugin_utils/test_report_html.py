@@ -17,7 +17,8 @@ import xml.etree.ElementTree as ET
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_html, report_junit, rollout_timeline
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_html, report_junit, rollout_budget
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_html, rollout_timeline
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report as rr
 
 import report_inputs as ri
@@ -192,3 +193,23 @@ def test_rollout_junit_and_metrics_written_at_render(tmp_path):
     with open(os.path.join(directory, "journal.jsonl"), encoding="utf-8") as handle:
         journal = [json.loads(line) for line in handle]
     assert sum(1 for event in journal if event["event"] == "rendered") == 4
+
+
+def test_rollout_page_of_a_stopped_rollout_says_why_first():
+    plan = {"rollout_id": "r", "stages": [{"name": "golden", "hosts": ["h1"]}, {"name": "waves", "hosts": ["h2"]}],
+            "nodes": [{"name": "h1", "class": "gpu_h100", "stage": "golden"},
+                      {"name": "h2", "class": "gpu_h100", "stage": "waves"}]}
+    records = {"h1": {"node": "h1", "stage": "golden", "class": "gpu_h100", "result": "flagged",
+                      "reason": "driver <b>620</b> did not load"}}
+    nodes = [{"name": "h1", "class": "gpu_h100", "stage": "golden", "status": "failed", "signature": "driver_state",
+              "implicates_driver": True}, {"name": "h2", "class": "gpu_h100", "stage": "waves", "status": "pending"}]
+    report = rr.build_report(plan, records, "2026-12-02T04:00:00Z",
+                             rollout_budget.decide(nodes, rollout_budget.normalize_options({})))
+    text = rollout_html.render_html(report, [], plan)
+    first = re.search(r'<div class="banner (\w+)" id="status"><b>(\w+)</b>: ([^<]+)<div>stopped by <b>(\w+)</b>', text)
+    assert first.groups() == ("bad", "Stopped", "golden node h1 failed: driver_state", "h1")
+    assert "driver &lt;b&gt;620&lt;/b&gt; did not load" in text
+    # A node not started keeps its class from the plan; the JUnit file skips it.
+    assert report["nodes"][1] == {"node": "h2", "stage": "waves", "result": "not_started", "class": "gpu_h100"}
+    skipped = ET.fromstring(report_junit.rollout_junit(report)).find(".//testcase[@name='h2']/skipped")
+    assert skipped.get("message") == "not_started: not started yet"
