@@ -111,7 +111,8 @@ _BODY = """
 <table id="nodes">
 <tr><th>node</th><th>class</th><th>stage</th><th class="num">step</th><th>result</th><th>before</th><th>after</th><th>target</th><th class="num">time</th><th>reason</th></tr>
 {% for n in nodes %}
-<tr><td><b>{{ n.node }}</b></td><td>{{ n.class }}</td><td>{{ n.stage }}</td><td class="num">{{ n.step }}</td><td>{{ pill(n.result) }}</td>
+<tr><td><b>{{ n.node }}</b></td><td>{{ n.class }}</td><td>{{ n.stage }}</td><td class="num">{{ n.step }}</td>
+<td><span class="pill" style="background:{{ colours.get(n.result, '#607d8b') }}">{{ n.result_text }}</span></td>
 <td class="mono">{{ n.before }}</td><td class="mono">{{ n.after }}</td><td class="mono">{{ n.target }}</td><td class="num">{{ n.time }}</td><td>{{ n.reason }}</td></tr>
 {% endfor %}
 </table>
@@ -165,8 +166,8 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
     :param plan: ``plan.json`` (``nodes``: ``[{"name", "class"}]``) for the class of nodes not started.
     :returns: HTML text.
     """
-    lines = list(journal_lines or [])
-    step_of = rollout_timeline.steps(lines)
+    events = rollout_timeline.parse(journal_lines or [])
+    step_of = rollout_timeline.steps(events)
     class_of = dict((n.get("name"), n.get("class")) for n in (plan or {}).get("nodes") or [] if isinstance(n, Mapping))
     nodes = []
     per_class = {}  # type: Dict[str, Dict[str, int]]
@@ -178,7 +179,7 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
         counts[result] = counts.get(result, 0) + 1
         total = (node.get("durations") or {}).get("total_s")
         nodes.append({"node": name, "class": klass, "stage": node.get("stage") or "-",
-                      "step": step_of.get(name, "-"), "result": result,
+                      "step": step_of.get(name, "-"), "result": result, "result_text": result.replace("_", " "),
                       "before": (node.get("before") or {}).get("loaded") or "-",
                       "after": (node.get("after") or {}).get("loaded") or "-",
                       "target": (node.get("target") or {}).get("version") or "-",
@@ -207,7 +208,7 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
                         "out_of_service": row.get("out_of_service") or 0, "free": row.get("free") or 0,
                         "failed": row.get("failed") or 0, "failure_budget": row.get("failure_budget") or 0,
                         "left": max(0, int(row.get("failure_budget") or 0) - int(row.get("failed") or 0))})
-    line = rollout_timeline.timeline(lines, len(report["nodes"]))
+    line = rollout_timeline.timeline(events, len(report["nodes"]))
     env = report_html.environment()
     body = env.from_string(_BODY).render(
         r=report, s=summary, columns=columns, quarantined=quarantined, nodes=nodes, golden=golden, budgets=budgets,

@@ -18,7 +18,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 STATES = ("done", "failed", "refused", "in_flight", "pending")
 
 
-def _events(lines: Iterable[str]) -> List[Dict[str, Any]]:
+def parse(lines: Iterable[str]) -> List[Dict[str, Any]]:
+    """The journal's events with a numeric ``time``, in journal order (a line that is not a JSON
+    object is skipped: only the last line of a killed writer can be cut)."""
     out = []
     for line in lines:
         try:
@@ -30,40 +32,39 @@ def _events(lines: Iterable[str]) -> List[Dict[str, Any]]:
     return out
 
 
-def timeline(lines: Iterable[str], planned: int, max_points: int = 400) -> Dict[str, Any]:
-    """Nodes per state over time.
+def timeline(events: List[Mapping[str, Any]], planned: int, max_points: int = 400) -> Dict[str, Any]:
+    """Nodes per state over time (linear in the events).
 
-    :param lines: the journal's lines (text; a line that is not a JSON object is skipped).
+    :param events: :func:`parse` of the journal's lines.
     :param planned: nodes in the plan (those the journal never named are ``pending``).
     :param max_points: at most this many points; a longer journal is sampled at even times (the
         state at each sample time, as a step function is).
     :returns: ``{"start", "end" (epoch s, None without events), "points": [{"time" (epoch s),
         "counts": {state: n}}]}``, a point per event time (the state after its events).
     """
-    events = sorted(_events(lines), key=lambda e: e["time"])
+    events = sorted(events, key=lambda e: e["time"])
     state = {}  # type: Dict[str, str]
+    counts = dict((name, 0) for name in STATES)
     points = []  # type: List[Dict[str, Any]]
-
-    def snapshot(when):
-        counts = dict((name, 0) for name in STATES)
-        for value in state.values():
-            counts[value] += 1
-        counts["pending"] = max(0, planned - len(state))
-        points.append({"time": when, "counts": counts})
     for event in events:
         node = event.get("node")
         if not isinstance(node, str):
             continue
         kind = event.get("event")
         if kind in ("started", "held"):
-            state[node] = "in_flight"
+            now = "in_flight"
         elif kind == "finished" and event.get("status") in ("done", "failed", "refused"):
-            state[node] = event["status"]
+            now = event["status"]
         else:
             continue
+        if node in state:
+            counts[state[node]] -= 1
+        state[node] = now
+        counts[now] += 1
+        counts["pending"] = max(0, planned - len(state))
         if points and points[-1]["time"] == event["time"]:
             points.pop()
-        snapshot(event["time"])
+        points.append({"time": event["time"], "counts": dict(counts)})
     if len(points) > max_points > 1:
         start, end = points[0]["time"], points[-1]["time"]
         sampled, at = [], 0
@@ -77,8 +78,10 @@ def timeline(lines: Iterable[str], planned: int, max_points: int = 400) -> Dict[
             "points": points}
 
 
-def steps(lines: Iterable[str]) -> Dict[str, int]:
+def steps(events: List[Mapping[str, Any]]) -> Dict[str, int]:
     """``{node: step}``: the step (1, 2, ...) in which each node was last admitted.
+
+    :param events: :func:`parse` of the journal's lines.
 
     A step ends at a ``rendered`` line with ``step`` true (``rollout_report.render`` at the end of
     a step); a node admitted after the n-th such line was admitted in step n + 1. Steps count over
@@ -86,7 +89,7 @@ def steps(lines: Iterable[str]) -> Dict[str, int]:
     """
     out = {}  # type: Dict[str, int]
     ended = 0
-    for event in _events(lines):
+    for event in events:
         if event.get("event") == "rendered" and event.get("step"):
             ended += 1
         elif event.get("event") == "started" and isinstance(event.get("node"), str):

@@ -151,14 +151,16 @@ def test_rollout_steps_and_timeline_from_journal_lines():
         {"event": "rendered", "step": True, "time": 21.0},
         {"event": "started", "node": "b", "time": 30.0}, {"event": "started", "node": "c", "time": 30.0},
         {"event": "finished", "node": "b", "status": "failed", "time": 50.0})] + ["{cut"]
-    assert rollout_timeline.steps(lines) == {"a": 1, "b": 2, "c": 2}
-    line = rollout_timeline.timeline(lines, planned=4)
+    events = rollout_timeline.parse(lines)
+    assert len(events) == 6
+    assert rollout_timeline.steps(events) == {"a": 1, "b": 2, "c": 2}
+    line = rollout_timeline.timeline(events, planned=4)
     counts = [(p["time"], p["counts"]) for p in line["points"]]
     assert counts[0] == (10.0, {"done": 0, "failed": 0, "refused": 0, "in_flight": 1, "pending": 3})
     assert counts[-1] == (50.0, {"done": 1, "failed": 1, "refused": 0, "in_flight": 1, "pending": 1})
     # Both nodes started at 30 s are one point.
     assert [t for t, _c in counts] == [10.0, 20.0, 30.0, 50.0]
-    sampled = rollout_timeline.timeline(lines, planned=4, max_points=3)
+    sampled = rollout_timeline.timeline(events, planned=4, max_points=3)
     assert [p["time"] for p in sampled["points"]] == [10.0, 30.0, 50.0]
     assert sampled["points"][1]["counts"]["in_flight"] == 2
 
