@@ -45,7 +45,8 @@ worst severity: {{ s.worst_severity }}.</div>
 <tr><th>class</th><th class="num">nodes</th><th class="num">in sync</th><th class="num">drifted</th>
 <th class="num">without facts</th><th>worst</th><th style="width:30%">share</th></tr>
 {% for row in classes %}
-<tr><td><b>{{ row.name }}</b></td><td class="num">{{ row.total }}</td>{{ count(row.counts.in_sync) }}{{ count(row.counts.drifted) }}{{ count(row.counts.missing) }}
+<tr><td><b>{{ row.name }}</b></td><td class="num">{{ row.total }}</td>
+{{ count(row.counts.in_sync) }}{{ count(row.counts.drifted) }}{{ count(row.counts.missing) }}
 <td>{% if row.worst %}{{ pill(row.worst) }}{% else %}<span class="muted">-</span>{% endif %}</td><td>{{ bar(row.segments) }}</td></tr>
 {% endfor %}
 </table>
@@ -168,4 +169,3 @@ def render_html(report: Mapping[str, Any], max_rows: int = 5000) -> str:
     meta = " · ".join(part for part in (report.get("generated_at") or "", ("facts from %s" % report["source"])
                                         if report.get("source") else "") if part)
     return report_html.page(env, "GPU fleet drift report", meta, body)
-

@@ -26,9 +26,15 @@ _WIDTH, _HEIGHT = 1000, 180
 _BODY = """
 {% if r.status == 'stopped' %}
 <div class="banner bad" id="status"><b>Stopped</b>{% if r.stop_reason %}: {{ r.stop_reason }}{% endif %}
-{% if r.stopped_by %}<div>stopped by {% for n in r.stopped_by %}<b>{{ n.node }}</b> ({{ n.result | replace('_', ' ') }}){% if not loop.last %}, {% endif %}{% endfor %}</div>{% endif %}</div>
+{% if r.stopped_by %}
+<div>stopped by {% for n in r.stopped_by %}
+<b>{{ n.node }}</b> ({{ n.result | replace('_', ' ') }}){% if not loop.last %}, {% endif %}
+{% endfor %}
+</div>{% endif %}
+</div>
 {% elif r.status == 'completed' %}
-<div class="banner good" id="status"><b>Completed</b>: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target{% if quarantined %}, {{ quarantined | length }} quarantined{% endif %}.</div>
+<div class="banner good" id="status"><b>Completed</b>: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target{% if quarantined %}
+, {{ quarantined | length }} quarantined{% endif %}.</div>
 {% else %}
 <div class="banner busy" id="status"><b>In progress</b>: {{ s.not_started }} of {{ s.nodes }} nodes not started yet.</div>
 {% endif %}
@@ -47,7 +53,8 @@ _BODY = """
 <div class="cards">
   <div class="card"><div class="n">{{ s.nodes }}</div><div class="l">nodes</div></div>
 {% for name in columns %}
-  <div class="card"><div class="n" style="color:{{ colours.get(name, '#37474f') }}">{{ s.get(name, 0) }}</div><div class="l">{{ name | replace('_', ' ') }}</div></div>
+  <div class="card"><div class="n" style="color:{{ colours.get(name, '#37474f') }}">{{ s.get(name, 0) }}</div>
+<div class="l">{{ name | replace('_', ' ') }}</div></div>
 {% endfor %}
 {% if r.wall_s is not none %}<div class="card"><div class="n">{{ wall }}</div><div class="l">wall time</div></div>{% endif %}
 </div>
@@ -55,19 +62,26 @@ _BODY = """
 <h2>GPU classes</h2>
 {{ legend(columns) }}
 <table id="classes">
-<tr><th>class</th><th class="num">nodes</th>{% for name in columns %}<th class="num">{{ name | replace('_', ' ') }}</th>{% endfor %}<th style="width:28%">share</th></tr>
+<tr><th>class</th><th class="num">nodes</th>{% for name in columns %}
+<th class="num">{{ name | replace('_', ' ') }}</th>{% endfor %}
+<th style="width:28%">share</th></tr>
 {% for row in classes %}
-<tr><td><b>{{ row.name }}</b></td><td class="num">{{ row.total }}</td>{% for name in columns %}{{ count(row.counts[name]) }}{% endfor %}<td>{{ bar(row.segments) }}</td></tr>
+<tr><td><b>{{ row.name }}</b></td><td class="num">{{ row.total }}</td>
+{% for name in columns %}{{ count(row.counts[name]) }}{% endfor %}
+<td>{{ bar(row.segments) }}</td></tr>
 {% endfor %}
 </table>
 
 <h2>Timeline</h2>
 {% if chart.areas %}
 {{ legend(chart_states) }}
-<svg id="timeline" xmlns="http://www.w3.org/2000/svg" viewBox="-40 -10 {{ width + 60 }} {{ height + 40 }}" width="100%" style="max-width:{{ width + 60 }}px" role="img" aria-label="nodes per state over time">
+<svg id="timeline" xmlns="http://www.w3.org/2000/svg" viewBox="-40 -10 {{ width + 60 }} {{ height + 40 }}" width="100%"
+ style="max-width:{{ width + 60 }}px" role="img" aria-label="nodes per state over time">
 <line x1="0" y1="{{ height }}" x2="{{ width }}" y2="{{ height }}" stroke="#90a4ae"/>
 <line x1="0" y1="0" x2="0" y2="{{ height }}" stroke="#90a4ae"/>
-{% for a in chart.areas %}<path d="{{ a.d }}" fill="{{ colours.get(a.state, '#607d8b') }}" fill-opacity="0.85"><title>{{ a.state | replace('_', ' ') }}</title></path>
+{% for a in chart.areas %}
+<path d="{{ a.d }}" fill="{{ colours.get(a.state, '#607d8b') }}" fill-opacity="0.85">
+<title>{{ a.state | replace('_', ' ') }}</title></path>
 {% endfor %}
 {% for t in chart.ticks %}<text x="{{ t.x }}" y="{{ height + 16 }}" font-size="11" text-anchor="middle" fill="#5b6675">{{ t.label }}</text>
 {% endfor %}
@@ -109,11 +123,13 @@ _BODY = """
 
 <h2>Nodes</h2>
 <table id="nodes">
-<tr><th>node</th><th>class</th><th>stage</th><th class="num">step</th><th>result</th><th>before</th><th>after</th><th>target</th><th class="num">time</th><th>reason</th></tr>
+<tr><th>node</th><th>class</th><th>stage</th><th class="num">step</th><th>result</th><th>before</th><th>after</th>
+<th>target</th><th class="num">time</th><th>reason</th></tr>
 {% for n in nodes %}
 <tr><td><b>{{ n.node }}</b></td><td>{{ n.class }}</td><td>{{ n.stage }}</td><td class="num">{{ n.step }}</td>
 <td><span class="pill" style="background:{{ colours.get(n.result, '#607d8b') }}">{{ n.result_text }}</span></td>
-<td class="mono">{{ n.before }}</td><td class="mono">{{ n.after }}</td><td class="mono">{{ n.target }}</td><td class="num">{{ n.time }}</td><td>{{ n.reason }}</td></tr>
+<td class="mono">{{ n.before }}</td><td class="mono">{{ n.after }}</td><td class="mono">{{ n.target }}</td>
+<td class="num">{{ n.time }}</td><td>{{ n.reason }}</td></tr>
 {% endfor %}
 </table>
 {% if r.deferred %}<p class="note">Deferred (out of service, to do when back): {{ r.deferred | join(', ') }}</p>{% endif %}

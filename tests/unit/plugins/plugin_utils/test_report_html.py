@@ -136,7 +136,7 @@ def test_rollout_page_stop_reason_quarantine_steps_timeline_and_contract(tmp_pat
     assert nodes["node06"] == ["gpu_a100", "waves", "3", "rolled back"]
     assert nodes["node09"] == ["gpu_h100", "waves", "4", "rolled back"]
     # The timeline: stacked areas for done, failed, in flight and pending, in inline SVG.
-    states = [re.search(r"<title>([^<]+)</title>", p).group(1) for p in re.findall(r"<path [^>]+>.*?</path>", text)]
+    states = [re.search(r"<title>([^<]+)</title>", p).group(1) for p in re.findall(r"<path [^>]+>.*?</path>", text, re.S)]
     assert states == ["done", "failed", "in flight", "pending"]
     # The golden node's contract diff, as contract_diff.describe writes it.
     assert "<li>reserved memory 545 → 612 MiB on 8 GPUs</li>" in text
