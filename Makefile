@@ -19,10 +19,11 @@ export PATH := $(VENV)/bin:$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 
 # Debian packages the simulated fleet and the tests need on the control host (slurmctld,
-# slurm-client and munge: the host side of `simfleet up --slurm`).
+# slurm-client and munge: the host side of `simfleet up --slurm`; chromium: the HTML reports'
+# browser test, which pulls in libxnvctrl0, an X client library and no NVIDIA driver).
 HOST_PACKAGES := debootstrap debian-archive-keyring systemd-container kmod binutils dpkg-dev \
 	apt-utils gnupg openssh-client python3-venv iproute2 procps mount git shellcheck prometheus \
-	slurmctld slurm-client munge
+	slurmctld slurm-client munge chromium
 
 # Molecule scenarios, each on a simulated fleet of its own.
 MOLECULE_SCENARIOS := $(sort $(notdir $(wildcard molecule/*)))

@@ -9,7 +9,7 @@
    Volta), as the report says. node06 fails verification after its reboot, goes back to its last
    known-good driver and is quarantined (drained and flagged); one failure in its class is within
    the failure budget and implicates nothing, so the rollout goes on and completes.
-5. Print the rollout report and the drift report.
+5. Print the rollout report and the drift report, and where their HTML pages are.
 
 Exits 0 when all of that happened as described, 1 otherwise. Run by ``make demo`` (root,
 Debian 12); the fleet stays up afterwards (``tests/simfleet/bin/simfleet --name demo down``).
@@ -85,6 +85,10 @@ def main() -> int:
     say("Drift report")
     playbook(inventory, os.path.join(REPO, "playbooks", "drift_report.yml"),
              "-e", "drift_report_only=true", "-e", "drift_output_dir=%s" % os.path.join(REPORTS, "drift"))
+
+    say("HTML reports (open in a browser)")
+    for page in (os.path.join(rollout_dir, "rollout-report.html"), os.path.join(REPORTS, "drift", "drift-report.html")):
+        print("file://%s%s" % (page, "" if os.path.exists(page) else " (missing)"))
 
     with open(report_json) as handle:
         report = json.load(handle)

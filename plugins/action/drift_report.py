@@ -17,9 +17,11 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import drift
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     drift_declared,
     drift_output,
+    drift_html,
     drift_parallel,
     drift_prometheus,
     fact_sources,
+    report_junit,
 )
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 
@@ -33,12 +35,13 @@ ARGUMENT_SPEC = {
     "declared": {"type": "dict"},
     "max_age_s": {"type": "float"},
     "output_dir": {"type": "path"},
-    "formats": {"type": "list", "elements": "str", "default": ["json", "markdown", "prometheus"],
-                "choices": ["json", "markdown", "prometheus"]},
+    "formats": {"type": "list", "elements": "str", "default": ["json", "markdown", "html", "junit", "prometheus"],
+                "choices": ["json", "markdown", "html", "junit", "prometheus"]},
     "prometheus_path": {"type": "path"},
     "report_only": {"type": "bool", "default": False},
     "fail_on": {"type": "str", "default": "warning", "choices": ["info", "warning", "critical"]},
     "max_markdown_findings": {"type": "int", "default": 500},
+    "max_html_rows": {"type": "int", "default": 5000},
     "return_findings": {"type": "int", "default": 200},
     "prometheus_gpus": {"type": "str", "default": "drifted", "choices": ["none", "drifted", "all"]},
     "workers": {"type": "int", "default": 0},
@@ -89,6 +92,9 @@ class ActionModule(ControllerAction):
         generated = datetime.fromtimestamp(started, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         engine = drift.DriftEngine(max_age_s=args["max_age_s"])
         keep_gpus = args["prometheus_gpus"] if "prometheus" in args["formats"] else "none"
+        if keep_gpus == "none" and set(args["formats"]) & {"html", "junit"}:
+            # The HTML and JUnit outputs name a drifted node's GPUs by PCI bus id.
+            keep_gpus = "drifted"
 
         def judge(chunk):
             errors = {}
@@ -212,8 +218,8 @@ class ActionModule(ControllerAction):
         return from_file, "%s:%s" % (args["source"], args["path"])
 
     def _write(self, args, report, started, workers=1):
-        """Write the outputs (JSON, Markdown, Prometheus); the Prometheus file in a second process when
-        there is a CPU for it, as it costs about as much as the other two.
+        """Write the outputs (JSON, Markdown, HTML, JUnit XML, Prometheus); the Prometheus file in a second
+        process when there is a CPU for it, as it costs about as much as the others.
 
         :returns: ``{format: path}``.
         """
@@ -228,6 +234,10 @@ class ActionModule(ControllerAction):
             paths["json"] = "%s/drift-report.json" % out
         if out and "markdown" in formats:
             paths["markdown"] = "%s/drift-report.md" % out
+        if out and "html" in formats:
+            paths["html"] = "%s/drift-report.html" % out
+        if out and "junit" in formats:
+            paths["junit"] = "%s/drift-report.junit.xml" % out
         prom = os.path.abspath(args["prometheus_path"]) if args["prometheus_path"] else None
         prom = prom or ("%s/gpufleet_drift.prom" % out if out else None)
         rollout = None
@@ -241,6 +251,11 @@ class ActionModule(ControllerAction):
 
         for path in paths.values():
             os.makedirs(os.path.dirname(path), exist_ok=True)
+        prom_report = report
+        if args["prometheus_gpus"] == "none" and "prometheus" in paths:
+            # GPUs kept for the HTML page only: no per-GPU series.
+            prom_report = dict(report, nodes=dict((name, dict((k, v) for k, v in node.items() if k != "gpus"))
+                                                  for name, node in report["nodes"].items()))
 
         def write(names):
             for name in names:
@@ -249,10 +264,14 @@ class ActionModule(ControllerAction):
                 elif name == "markdown":
                     drift_output.write_atomic(paths["markdown"],
                                               drift_output.render_markdown(report, args["max_markdown_findings"]))
+                elif name == "html":
+                    drift_output.write_atomic(paths["html"], drift_html.render_html(report, args["max_html_rows"]))
+                elif name == "junit":
+                    drift_output.write_atomic(paths["junit"], report_junit.drift_junit(report))
                 else:
-                    drift_prometheus.write_textfile(paths["prometheus"], report, started, rollout)
+                    drift_prometheus.write_textfile(paths["prometheus"], prom_report, started, rollout)
             return True
-        jobs = [[name for name in ("json", "markdown") if name in paths]]
+        jobs = [[name for name in ("json", "markdown", "html", "junit") if name in paths]]
         if "prometheus" in paths:
             if workers > 1 and jobs[0]:
                 jobs.append(["prometheus"])

@@ -113,7 +113,7 @@ class ActionModule(ControllerAction):
             result["paths"] = {"record": path, "json": os.path.join(directory, "rollout-report.json"),
                                "markdown": os.path.join(directory, "rollout-report.md")}
         if state == "render" or (state == "start" and args["plan"] is not None):
-            done = rollout_report.render(directory, iso)
+            done = rollout_report.render(directory, iso, step_end=state == "render")
             report = done["report"]
             result["paths"] = done["paths"]
             result["status"] = report["status"]

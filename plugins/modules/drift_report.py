@@ -70,15 +70,16 @@ options:
     type: float
   output_dir:
     description:
-      - Directory on the controller for C(drift-report.json), C(drift-report.md) and
+      - Directory on the controller for C(drift-report.json), C(drift-report.md), C(drift-report.html)
+        (one self-contained page), C(drift-report.junit.xml) (a test case per node) and
         C(gpufleet_drift.prom). Nothing is written without it (except O(prometheus_path)).
     type: path
   formats:
     description: Outputs to write.
     type: list
     elements: str
-    choices: [json, markdown, prometheus]
-    default: [json, markdown, prometheus]
+    choices: [json, markdown, html, junit, prometheus]
+    default: [json, markdown, html, junit, prometheus]
   prometheus_path:
     description:
       - Path of the Prometheus textfile (for node_exporter's textfile collector directory), written
@@ -116,6 +117,12 @@ options:
     description: Findings listed in the Markdown report, most severe first; the rest are counted.
     type: int
     default: 500
+  max_html_rows:
+    description:
+      - Rows of the HTML report's findings per node (one per node and check), most severe first; the rest
+        are counted. A negative number shows all.
+    type: int
+    default: 5000
   return_findings:
     description: Findings returned in the task result (all are in the JSON file).
     type: int
@@ -175,7 +182,7 @@ drifted_nodes:
   type: list
   elements: str
 paths:
-  description: Files written, by format (C(json), C(markdown), C(prometheus)).
+  description: Files written, by format (C(json), C(markdown), C(html), C(junit), C(prometheus)).
   returned: always
   type: dict
 exit_code:

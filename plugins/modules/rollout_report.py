@@ -24,9 +24,11 @@ description:
     A re-run of the same rollout keeps the earlier C(upgraded) record of a node it now finds on target.
   - V(finish) appends only the journal line that ends a node's transaction (after the soak gate of a
     golden or canary node, see O(hold)).
-  - V(render) regenerates C(rollout-report.json) and C(rollout-report.md) (once per rollout step) and
-    returns the report with its Markdown; with a plan written by C(rollout_step), the status and the stop
-    reason come from the rollout's budget decision over the journal.
+  - V(render) regenerates C(rollout-report.json), C(rollout-report.md), C(rollout-report.html) (one
+    self-contained page), C(rollout-report.junit.xml) and, where the Python package C(prometheus_client) is
+    installed, C(gpufleet_rollout.prom) (once per rollout step) and returns the report with its Markdown;
+    with a plan written by C(rollout_step), the status and the stop reason come from the rollout's budget
+    decision over the journal. It marks the end of a step in the journal, which numbers each node's step.
   - The record's fields are described in the collection's C(docs/rollout.md).
 options:
   state:
@@ -102,7 +104,7 @@ report_dir:
   returned: unless O(state=probe)
   type: str
 paths:
-  description: Files written (C(json), C(markdown), C(record)).
+  description: Files written (C(record); C(json), C(markdown), C(html), C(junit) and C(prometheus) when rendered).
   returned: when O(state) is V(record) or V(render), not in check mode
   type: dict
 status:

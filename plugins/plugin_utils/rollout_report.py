@@ -8,8 +8,10 @@ Layout of a report directory on the controller (one per rollout id, so a re-run 
 * ``plan.json`` — the stages and their hosts, written when the rollout starts;
 * ``nodes/<host>.json`` — one record per node, written when its transaction ends (each write is
   atomic, so a controller killed mid-wave leaves complete records of the nodes it finished);
-* ``rollout-report.json`` and ``rollout-report.md`` — regenerated from the two above after every
-  record, under an exclusive lock (``fcntl.flock``) on ``.lock``.
+* ``journal.jsonl`` — what each step started and how each node ended (``rollout_journal``);
+* ``rollout-report.json``, ``.md``, ``.html``, ``.junit.xml`` and ``gpufleet_rollout.prom`` —
+  regenerated from the above once per step (:func:`render`), under an exclusive lock
+  (``fcntl.flock``) on ``.lock``.
 
 A record (written by the ``node_upgrade`` role): ``{node, stage, class, rollout_id, run_id,
 result, reason, flags, target: {version, branch, requested, note}, before: {userspace, loaded,
@@ -33,7 +35,13 @@ from jinja2 import Environment, StrictUndefined
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import next_step
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
+    report_junit,
+    rollout_budget,
+    rollout_html,
+    rollout_journal,
+    rollout_prometheus,
+)
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_journal import locked
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_output import write_atomic
 
@@ -205,6 +213,7 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
     planned = set()
     nodes = []  # type: List[Dict[str, Any]]
     stage_rows = []
+    class_of = dict((n.get("name"), n.get("class")) for n in plan.get("nodes") or [] if isinstance(n, Mapping))
     for stage in stages:
         counts = dict((result, 0) for result in RESULTS + ("not_started",))
         for host in stage.get("hosts") or []:
@@ -212,6 +221,8 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
             record = records.get(host)
             if record is None:
                 record = {"node": host, "stage": stage["name"], "result": "not_started"}
+                if class_of.get(host):
+                    record["class"] = class_of[host]
             nodes.append(dict(record, next_step=next_step(record)))
             counts[record.get("result") or "failed"] = counts.get(record.get("result") or "failed", 0) + 1
         stage_rows.append({"name": stage["name"], "hosts": list(stage.get("hosts") or []), "counts": counts,
@@ -386,23 +397,66 @@ def store_record(directory: str, record: Mapping[str, Any],
     return path
 
 
-def render(directory: str, generated_at: Optional[str] = None) -> Dict[str, Any]:
-    """Regenerate ``rollout-report.json`` and ``.md`` from the plan and the records (I/O).
+def render(directory: str, generated_at: Optional[str] = None, step_end: bool = False) -> Dict[str, Any]:
+    """Regenerate the rollout report's files from the plan, the records and the journal (I/O).
 
-    Called once per rollout step, not once per record: its cost is linear in the records.
-    :returns: ``{"report": the report dict, "paths": {"json", "markdown"}}``.
+    Called once per rollout step, not once per record: its cost is linear in the records and
+    the journal. Writes ``rollout-report.json``, ``.md``, ``.html`` (one self-contained page,
+    ``rollout_html``), ``rollout-report.junit.xml`` (``report_junit``) and
+    ``gpufleet_rollout.prom`` (``rollout_prometheus``; only where ``prometheus_client`` is
+    installed), each atomically.
+
+    :param step_end: this render ends a step: a ``rendered`` line goes to the journal when a node
+        was admitted since the last one (``rollout_timeline.steps`` numbers the steps by them).
+    :returns: ``{"report": the report dict, "paths": {"json", "markdown", "html", "junit",
+        "prometheus"?}}``.
     """
     with locked(directory):
         paths = {}
         plan = _load(os.path.join(directory, "plan.json"))
+        lines = _journal_lines(directory)
+        if step_end and _admitted_since_step(lines):
+            marker = {"event": "rendered", "step": True, "time": time.time()}
+            rollout_journal.append_in_lock(directory, marker)
+            lines.append(json.dumps(marker, sort_keys=True))
         decision = None
         if plan and plan.get("nodes"):
-            journal = rollout_journal.read(directory)
+            journal = rollout_journal.fold_lines(lines)
             decision = rollout_budget.decide(rollout_journal.fleet_state(plan, journal),
                                              rollout_budget.normalize_options(plan.get("options") or {}))
         report = build_report(plan, read_records(directory), generated_at, decision)
-        paths["json"] = os.path.join(directory, "rollout-report.json")
-        paths["markdown"] = os.path.join(directory, "rollout-report.md")
+        for name, filename in (("json", "rollout-report.json"), ("markdown", "rollout-report.md"),
+                               ("html", "rollout-report.html"), ("junit", "rollout-report.junit.xml")):
+            paths[name] = os.path.join(directory, filename)
         write_atomic(paths["json"], json.dumps(report, indent=1, sort_keys=True) + "\n")
         write_atomic(paths["markdown"], render_markdown(report))
+        write_atomic(paths["html"], rollout_html.render_html(report, lines, plan))
+        write_atomic(paths["junit"], report_junit.rollout_junit(report))
+        if rollout_prometheus.available():
+            paths["prometheus"] = os.path.join(directory, rollout_prometheus.FILENAME)
+            rollout_prometheus.write_textfile(paths["prometheus"], report)
     return {"report": report, "paths": paths}
+
+
+def _journal_lines(directory: str) -> List[str]:
+    try:
+        with open(os.path.join(directory, rollout_journal.JOURNAL), "r", encoding="utf-8") as handle:
+            return handle.read().splitlines()
+    except (IOError, OSError):
+        return []
+
+
+def _admitted_since_step(lines: List[str]) -> bool:
+    """Whether the journal has a ``started`` line after its last step-ending ``rendered`` line."""
+    for line in reversed(lines):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict):
+            continue
+        if event.get("event") == "rendered" and event.get("step"):
+            return False
+        if event.get("event") == "started":
+            return True
+    return False
