@@ -412,7 +412,9 @@ def stage_gates(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
         stage = node.get("stage")
         status = node.get("status")
         members.setdefault(klass, set()).add(stage)
-        if status != "pending":
+        if status in ("in_flight", "done", "failed"):
+            # A node refused by its preflight (drained by someone else, say) ran nothing: the
+            # class has not reached its stage through it.
             reached[klass] = max(reached.get(klass, 0), _RANK.get(stage, 2))
         else:
             reached.setdefault(klass, 0)

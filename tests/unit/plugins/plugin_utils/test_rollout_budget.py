@@ -189,6 +189,18 @@ def test_a_slow_drain_keeps_its_slot_and_holds_no_stage():
     assert decision["start"] == ["gpu_h100-04", "gpu_h100-05", "gpu_h100-06"]
 
 
+def test_a_refused_wave_node_does_not_open_the_waves():
+    nodes = fleet({"gpu_h100": 40}, canary=2)
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "done"
+    named["gpu_h100-01"]["status"] = "in_flight"
+    named["gpu_h100-02"]["status"] = "pending"
+    named["gpu_h100-03"].update(status="refused", out_of_service=True)
+    assert rb.stage_gates(nodes) == {"gpu_h100": "canary"}
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["start"] == ["gpu_h100-02"]
+
+
 def test_a_returning_earlier_stage_node_joins_the_open_stage():
     nodes = fleet({"gpu_h100": 40}, canary=2)
     named = by_name(nodes)
