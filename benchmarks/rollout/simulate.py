@@ -257,8 +257,9 @@ class BudgetPolicy(object):
 
     name = "default"
 
-    def __init__(self, options=None):
+    def __init__(self, options=None, track=False):
         self.options = rollout_budget.normalize_options(options or {})
+        self.track = track
         self.next_decision = 0.0
         self.done_at = None
         self.pending_tick = False
@@ -292,7 +293,8 @@ class BudgetPolicy(object):
             self.pending_tick = False
         self.next_decision = run.now + POLL_S
         decision = rollout_budget.decide(run.fleet.nodes, self.options)
-        self._track(run, decision)
+        if self.track:
+            self._track(run, decision)
         if decision["action"] == "stop":
             if run.stopped is None:
                 run.stopped = decision["stop"]["reason"]
@@ -550,9 +552,11 @@ def capacity_floor_h(policy, sizes, mean_s):
     return (worst + policy.soak_s()) / 3600.0
 
 
-def simulate(size, runs, processes):
+def simulate(size, runs, processes, names=None):
     jobs = []
     for index in range(len(policies())):
+        if names and policies()[index].name not in names:
+            continue
         for run in range(runs):
             for bad in (0.0, 1.0, 0.02):
                 jobs.append((index, size, 1000 + run, bad))
@@ -561,6 +565,8 @@ def simulate(size, runs, processes):
     out = {}
     for index, policy in enumerate(policies()):
         mine = [r for r in results if r[0] == index]
+        if not mine:
+            continue
         clean = [r for r in mine if r[1] == 0.0]
         completions = [r[4]["completion_s"] / 3600.0 for r in clean if r[4]["completion_s"] is not None]
         mean_s = statistics.fmean(r[2] for r in clean)
@@ -594,11 +600,12 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--policies", help="comma-separated policy names to run (default: all)")
     parser.add_argument("--breakdown", type=int, metavar="SEED",
                         help="run the default policy once on a clean fleet and print where each class's time goes")
     args = parser.parse_args(argv)
     if args.breakdown is not None:
-        policy = BudgetPolicy()
+        policy = BudgetPolicy(track=True)
         fleet = Fleet(args.nodes, args.breakdown, 0.0)
         done = Run(fleet, policy).go()
         print(json.dumps({"completion_h": round(done["completion_s"] / 3600.0, 2),
@@ -606,7 +613,8 @@ def main(argv=None):
                           "classes": policy.breakdown(_Done(fleet))},
                          indent=1, sort_keys=True))
         return 0
-    result = simulate(args.nodes, args.runs, args.processes)
+    result = simulate(args.nodes, args.runs, args.processes,
+                      set(args.policies.split(",")) if args.policies else None)
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True))
         return 0
