@@ -336,7 +336,7 @@ class BudgetPolicy(object):
                 else:
                     line["idle_other_slot_h"] += free * dt
             for name, at in (("canary", "canary_open_h"), ("waves", "waves_open_h")):
-                if at not in line and rollout_budget._RANK[stage] >= rollout_budget._RANK[name]:
+                if at not in line and rollout_budget.STAGES.index(stage) >= rollout_budget.STAGES.index(name):
                     line[at] = now / 3600.0
             mine = [n for n in run.fleet.nodes if n["class"] == klass]
             pending = len([n for n in mine if n["status"] == "pending"])
