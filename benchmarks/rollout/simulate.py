@@ -308,7 +308,6 @@ class BudgetPolicy(object):
             run.sample(decision["start"])
         return False
 
-
     def _track(self, run, decision):
         """Where each class's time goes (``--breakdown``): gate times and free slot-hours by phase.
 
