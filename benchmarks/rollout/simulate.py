@@ -257,11 +257,14 @@ class BudgetPolicy(object):
 
     name = "default"
 
-    def __init__(self, options=None):
+    def __init__(self, options=None, track=False):
         self.options = rollout_budget.normalize_options(options or {})
+        self.track = track
         self.next_decision = 0.0
         self.done_at = None
         self.pending_tick = False
+        self.timeline = {}
+        self.last_decision = None
 
     def budget_pct(self):
         kind, value = self.options["max_unavailable"]
@@ -290,6 +293,8 @@ class BudgetPolicy(object):
             self.pending_tick = False
         self.next_decision = run.now + POLL_S
         decision = rollout_budget.decide(run.fleet.nodes, self.options)
+        if self.track:
+            self._track(run, decision)
         if decision["action"] == "stop":
             if run.stopped is None:
                 run.stopped = decision["stop"]["reason"]
@@ -302,6 +307,65 @@ class BudgetPolicy(object):
         if decision["start"]:
             run.sample(decision["start"])
         return False
+
+    def _track(self, run, decision):
+        """Where each class's time goes (``--breakdown``): gate times and free slot-hours by phase.
+
+        Free slot-hours are the class's capacity budget left unused between two decisions
+        (``max_unavailable - out_of_service``), split by what the class was doing: waiting for
+        its golden or canary gate, widening its wave window, or finishing its last transactions
+        after its last start.
+        """
+        now = run.now
+        dt = (now - self.last_decision) / 3600.0 if self.last_decision is not None else 0.0
+        self.last_decision = now
+        for klass, row in decision["budgets"].items():
+            line = self.timeline.setdefault(klass, {
+                "nodes": row["nodes"], "slots": row["max_unavailable"], "idle_gate_slot_h": 0.0,
+                "idle_ramp_slot_h": 0.0, "idle_tail_slot_h": 0.0, "idle_other_slot_h": 0.0})
+            stage = decision["stages"].get(klass, line.get("stage", "golden"))
+            if line.get("stage_prev") is not None:
+                free = line["free_prev"]
+                if line["pending_prev"] == 0:
+                    line["idle_tail_slot_h"] += free * dt
+                elif line["stage_prev"] != "waves":
+                    line["idle_gate_slot_h"] += free * dt
+                elif line["window_limited_prev"]:
+                    line["idle_ramp_slot_h"] += free * dt
+                else:
+                    line["idle_other_slot_h"] += free * dt
+            for name, at in (("canary", "canary_open_h"), ("waves", "waves_open_h")):
+                if at not in line and rollout_budget.STAGES.index(stage) >= rollout_budget.STAGES.index(name):
+                    line[at] = now / 3600.0
+            mine = [n for n in run.fleet.nodes if n["class"] == klass]
+            pending = len([n for n in mine if n["status"] == "pending"])
+            started_now = len([name for name in decision["start"] if run.fleet.by_name[name]["class"] == klass])
+            if pending == 0 and "last_start_h" not in line:
+                line["last_start_h"] = now / 3600.0
+            out = row["out_of_service"] + started_now
+            if "full_h" not in line and stage == "waves" and out >= row["max_unavailable"]:
+                line["full_h"] = now / 3600.0
+            line["stage_prev"] = stage
+            line["pending_prev"] = pending
+            line["free_prev"] = max(0, row["max_unavailable"] - out)
+            line["window_limited_prev"] = stage == "waves" and "full_h" not in line
+
+    def breakdown(self, run):
+        """Per class: the timeline of :meth:`_track` with the last end and the class's own floor."""
+        out = {}
+        for klass, line in self.timeline.items():
+            mine = [n for n in run.fleet.nodes if n["class"] == klass]
+            mean_s = statistics.fmean(n["drain_s"] + n["work_s"] for n in mine)
+            row = dict((k, round(v, 2)) for k, v in line.items() if not k.endswith("_prev") and k != "stage")
+            row["last_end_h"] = round(max(n.get("finished_at") or 0.0 for n in mine) / 3600.0, 2)
+            row["floor_h"] = round(len(mine) * mean_s / line["slots"] / 3600.0, 2)
+            row["busy_slot_h"] = round(sum(n["drain_s"] + n["work_s"] + self.node_soak_s(n["stage"])
+                                           for n in mine if n["status"] != "pending") / 3600.0, 1)
+            tail = [n for n in mine if n.get("started_at") is not None
+                    and n["started_at"] >= 3600.0 * (line.get("last_start_h", 0.0)) - 1800.0]
+            row["longest_late_transaction_h"] = round(max([n["drain_s"] + n["work_s"] for n in tail] or [0.0]) / 3600.0, 2)
+            out[klass] = row
+        return out
 
 
 class BatchPolicy(object):
@@ -432,6 +496,13 @@ def policies():
     ]
 
 
+class _Done(object):
+    """The finished fleet, as :meth:`BudgetPolicy.breakdown` reads it."""
+
+    def __init__(self, fleet):
+        self.fleet = fleet
+
+
 def stage_bound_h(fleet):
     """A lower bound on any staged rollout of this fleet, in hours, even one that knew every drain.
 
@@ -480,9 +551,11 @@ def capacity_floor_h(policy, sizes, mean_s):
     return (worst + policy.soak_s()) / 3600.0
 
 
-def simulate(size, runs, processes):
+def simulate(size, runs, processes, names=None):
     jobs = []
     for index in range(len(policies())):
+        if names and policies()[index].name not in names:
+            continue
         for run in range(runs):
             for bad in (0.0, 1.0, 0.02):
                 jobs.append((index, size, 1000 + run, bad))
@@ -491,6 +564,8 @@ def simulate(size, runs, processes):
     out = {}
     for index, policy in enumerate(policies()):
         mine = [r for r in results if r[0] == index]
+        if not mine:
+            continue
         clean = [r for r in mine if r[1] == 0.0]
         completions = [r[4]["completion_s"] / 3600.0 for r in clean if r[4]["completion_s"] is not None]
         mean_s = statistics.fmean(r[2] for r in clean)
@@ -524,8 +599,21 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--policies", help="comma-separated policy names to run (default: all)")
+    parser.add_argument("--breakdown", type=int, metavar="SEED",
+                        help="run the default policy once on a clean fleet and print where each class's time goes")
     args = parser.parse_args(argv)
-    result = simulate(args.nodes, args.runs, args.processes)
+    if args.breakdown is not None:
+        policy = BudgetPolicy(track=True)
+        fleet = Fleet(args.nodes, args.breakdown, 0.0)
+        done = Run(fleet, policy).go()
+        print(json.dumps({"completion_h": round(done["completion_s"] / 3600.0, 2),
+                          "stage_bound_h": round(stage_bound_h(fleet), 2),
+                          "classes": policy.breakdown(_Done(fleet))},
+                         indent=1, sort_keys=True))
+        return 0
+    result = simulate(args.nodes, args.runs, args.processes,
+                      set(args.policies.split(",")) if args.policies else None)
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True))
         return 0

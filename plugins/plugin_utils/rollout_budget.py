@@ -26,6 +26,12 @@ The rules (docs/rollout.md):
   exposes. The canary pool is itself the small first sample: once the class's golden node has
   passed, its canary nodes start together, within the capacity budget (before that, the same
   window applies, which keeps them waiting for the golden node).
+* **A canary quorum.** A class's waves open once its golden nodes have passed and
+  ``canary_quorum`` of its canary pool (count or percentage of the pool, at least 1) has passed,
+  or the whole pool has, the nodes still waiting for their drain left out. The canary nodes still
+  running then go on beside the waves, under the same zero tolerance: one that fails stops the
+  rollout. A pool of 40 nodes whose slowest few wait for long jobs no longer holds its class's
+  waves for them.
 * **Zero tolerance in the golden and canary stages, for failures the driver can be blamed for.**
   A golden or canary node that fails after its install began stops the rollout. One that fails
   before (drain, preflight, the node unreachable before the install: its record has no
@@ -73,6 +79,7 @@ DEFAULTS = {
     "signature_alpha": 0.001,
     "window_initial": 1,
     "window_growth": 2,
+    "canary_quorum": "50%",
 }
 
 _PCT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -170,7 +177,7 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
 
     :param options: ``{"max_unavailable", "max_unavailable_domain", "failure_budget",
         "signature_limit", "background_failure_rate", "signature_alpha", "window_initial",
-        "window_growth"}``; values may be text (extra vars).
+        "window_growth", "canary_quorum"}``; values may be text (extra vars).
     :returns: the same keys with amounts as :func:`parse_amount` tuples and numbers as numbers.
     :raises ValueError: naming the first bad value, or an option that does not exist.
     """
@@ -189,6 +196,7 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
         "signature_alpha": _fraction(raw["signature_alpha"], "rollout_signature_alpha"),
         "window_initial": _positive_int(raw["window_initial"], "rollout_window_initial"),
         "window_growth": _non_negative_number(raw["window_growth"], "rollout_window_growth"),
+        "canary_quorum": parse_amount(raw["canary_quorum"], "rollout_canary_quorum"),
     }
     return out
 
@@ -392,7 +400,7 @@ def stop_reason(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
     return None
 
 
-def stage_gates(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
+def stage_gates(nodes: Sequence[Mapping[str, Any]], quorum: Optional[Tuple[str, float]] = None) -> Dict[str, str]:
     """The stage open for each class now.
 
     A class moves golden → canary → waves on its own: its canary pool opens when its golden
@@ -401,21 +409,36 @@ def stage_gates(nodes: Sequence[Mapping[str, Any]]) -> Dict[str, str]:
     nothing was installed yet, so it has proven nothing), holds no stage open, and once a
     later stage of a class has started, an earlier one does not close it again. A class with
     no golden (canary) node of its own follows the fleet's: it waits while any class's golden
-    (canary) stage is open.
+    (canary) stage is open. With a ``quorum`` (a :func:`parse_amount` tuple, of the class's
+    canary pool), a class's canary stage also passes once that many of its canary nodes have
+    passed: the others go on under zero tolerance while the waves run.
+
     :returns: ``{class: "golden" | "canary" | "waves"}``.
     """
     open_stages = {}  # type: Dict[str, set]
     reached = {}  # type: Dict[str, int]
     members = {}  # type: Dict[str, set]
+    pool = {}  # type: Dict[str, List[int]]
+    for node in nodes:
+        if node.get("stage") == "canary":
+            row = pool.setdefault(node["class"], [0, 0])
+            row[0] += 1
+            row[1] += 1 if node.get("status") == "done" else 0
+    passed = set(klass for klass, (size, done) in pool.items()
+                 if quorum is not None and done >= amount_of(quorum, size))
     for node in nodes:
         klass = node["class"]
         stage = node.get("stage")
         status = node.get("status")
         members.setdefault(klass, set()).add(stage)
-        if status != "pending":
+        if status in ("in_flight", "done", "failed"):
+            # A node refused by its preflight (drained by someone else, say) ran nothing: the
+            # class has not reached its stage through it.
             reached[klass] = max(reached.get(klass, 0), _RANK.get(stage, 2))
         else:
             reached.setdefault(klass, 0)
+        if stage == "canary" and klass in passed:
+            continue
         if stage in ("golden", "canary") and (
                 (status == "pending" and not node.get("out_of_service"))
                 or (status == "in_flight" and not node.get("draining"))):
@@ -474,7 +497,7 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
     if not startable and not in_flight:
         result["action"] = "done"
         return result
-    gates = stage_gates(nodes)
+    gates = stage_gates(nodes, options.get("canary_quorum"))
     result["stages"] = gates
     if not startable:
         return result

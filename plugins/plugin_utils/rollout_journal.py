@@ -15,7 +15,12 @@ controller killed anywhere leaves every line it wrote whole:
   ``out_of_service``: refused because someone else drained it (it counts against its class's
   capacity budget);
 * ``{"event": "held", "node", "time"}`` — the node's transaction ended but it is still soaking:
-  it stays in flight.
+  it stays in flight;
+* ``{"event": "draining", "node", "time"}`` and ``{"event": "drained", "node", "time"}`` — the
+  node's drain was requested, and it completed: between the two the node is in flight and
+  ``draining`` (it keeps its slot and holds no stage open, ``rollout_budget.stage_gates``). A
+  node whose journal has neither is not taken as draining: without word of its drain, an in-flight
+  golden or canary node holds its stage open.
 
 A node started and not finished is in flight: the next step resumes it first (its transaction
 reads its own state on the node and continues, or finds it done). Appending costs the same
@@ -66,7 +71,7 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
         only the last line of a killed writer can be cut, and it said nothing yet).
     :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
         "finished_at", "result", "changed", "signature", "implicates_driver", "target",
-        "run_id"}}``; nodes the journal never named are absent (pending).
+        "run_id", "draining"?}}``; nodes the journal never named are absent (pending).
     """
     state = {}  # type: Dict[str, Dict[str, Any]]
     for line in lines:
@@ -83,10 +88,14 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
             node.update({"status": "in_flight", "started_at": event.get("time"), "run_id": event.get("run_id")})
         elif kind == "held":
             node["status"] = "in_flight"
+            node.pop("draining", None)
+        elif kind in ("draining", "drained") and node.get("status") == "in_flight":
+            node["draining"] = kind == "draining"
         elif kind == "finished" and event.get("status") in ("done", "failed", "refused"):
             for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id",
                         "out_of_service"):
                 node[key] = event.get(key)
+            node.pop("draining", None)
             node["finished_at"] = event.get("time")
     return state
 
@@ -106,14 +115,15 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
     :param plan: ``plan.json`` (``nodes``: ``[{"name", "stage", "class", "domain"}]``).
     :param journal: :func:`read`.
     :returns: ``[{"name", "stage", "class", "domain", "status", "signature"?,
-        "implicates_driver"?, "target"?, "changed"?, "finished_at"?}]``.
+        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?}]``.
     """
     nodes = []
     for node in plan.get("nodes") or []:
         state = journal.get(node["name"]) or {}
         row = dict(node)
         row["status"] = state.get("status") or "pending"
-        for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service"):
+        for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service",
+                    "draining"):
             if state.get(key) is not None:
                 row[key] = state[key]
         nodes.append(row)

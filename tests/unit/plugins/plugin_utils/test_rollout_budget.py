@@ -10,6 +10,7 @@ import pytest
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget as rb
 
 OPTIONS = rb.normalize_options({})
+WHOLE_POOL = rb.normalize_options({"canary_quorum": "100%"})
 
 
 def fleet(counts, golden=1, canary=1):
@@ -189,6 +190,43 @@ def test_a_slow_drain_keeps_its_slot_and_holds_no_stage():
     assert decision["start"] == ["gpu_h100-04", "gpu_h100-05", "gpu_h100-06"]
 
 
+def test_the_waves_open_at_the_canary_quorum_and_the_rest_keep_zero_tolerance():
+    nodes = fleet({"gpu_h100": 100}, canary=4)
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "done"
+    for name in ("gpu_h100-01", "gpu_h100-02", "gpu_h100-03", "gpu_h100-04"):
+        named[name]["status"] = "in_flight"
+    named["gpu_h100-01"]["status"] = "done"
+    assert rb.decide(nodes, OPTIONS)["stages"]["gpu_h100"] == "canary"
+    assert rb.decide(nodes, OPTIONS)["start"] == []
+    named["gpu_h100-02"]["status"] = "done"
+    decision = rb.decide(nodes, OPTIONS)
+    # 50 % of 4 canary nodes passed: the waves open; 10 slots, 2 held by the canaries in flight,
+    # window 1 + 2 x 3 verified - 2 in flight = 5.
+    assert decision["stages"]["gpu_h100"] == "waves"
+    assert decision["start"] == ["gpu_h100-%02d" % i for i in range(5, 10)]
+    whole = rb.decide(nodes, rb.normalize_options({"canary_quorum": "100%"}))
+    assert whole["stages"]["gpu_h100"] == "canary" and whole["start"] == []
+    named["gpu_h100-03"].update(status="failed", signature="xid 79", implicates_driver=True)
+    stopped = rb.decide(nodes, OPTIONS)
+    assert stopped["action"] == "stop" and stopped["stop"]["code"] == "stage_failure"
+    assert stopped["stop"]["reason"] == "canary node gpu_h100-03 failed: xid 79"
+    with pytest.raises(ValueError, match="rollout_canary_quorum must be at least 1, got '0'"):
+        rb.normalize_options({"canary_quorum": "0"})
+
+
+def test_a_refused_wave_node_does_not_open_the_waves():
+    nodes = fleet({"gpu_h100": 40}, canary=2)
+    named = by_name(nodes)
+    named["gpu_h100-00"]["status"] = "done"
+    named["gpu_h100-01"]["status"] = "in_flight"
+    named["gpu_h100-02"]["status"] = "pending"
+    named["gpu_h100-03"].update(status="refused", out_of_service=True)
+    assert rb.stage_gates(nodes) == {"gpu_h100": "canary"}
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["start"] == ["gpu_h100-02"]
+
+
 def test_a_returning_earlier_stage_node_joins_the_open_stage():
     nodes = fleet({"gpu_h100": 40}, canary=2)
     named = by_name(nodes)
@@ -277,15 +315,15 @@ def test_a_canary_that_failed_before_its_install_is_replaced_by_a_stand_in():
     # A wave node refused by its preflight cannot stand in: the next one does.
     refused = [dict(n, status="refused") if n["name"] == "gpu_h100-04" else n for n in nodes]
     assert rb.stand_ins(refused) == {"gpu_h100-05": {"stage": "canary", "replaces": "gpu_h100-02"}}
-    decision = rb.decide(nodes, OPTIONS)
+    decision = rb.decide(nodes, WHOLE_POOL)
     assert decision["stop"] is None and decision["quarantined"] == ["gpu_h100-02"]
     assert decision["stand_ins"] == {"gpu_h100-04": {"stage": "canary", "replaces": "gpu_h100-02"}}
     # The stand-in holds the canary stage: only it starts, the waves wait for it.
     assert decision["stages"] == {"gpu_h100": "canary"} and decision["start"] == ["gpu_h100-04"]
     named["gpu_h100-04"]["status"] = "in_flight"
-    assert rb.decide(nodes, OPTIONS)["start"] == []
+    assert rb.decide(nodes, WHOLE_POOL)["start"] == []
     named["gpu_h100-04"]["status"] = "done"
-    decision = rb.decide(nodes, OPTIONS)
+    decision = rb.decide(nodes, WHOLE_POOL)
     # 10 % of 40 = 4 slots: one quarantined, one out of service, two left.
     assert decision["stages"] == {"gpu_h100": "waves"} and decision["start"] == ["gpu_h100-05", "gpu_h100-06"]
 

@@ -29,6 +29,30 @@ def test_fold_resumes_in_flight_and_skips_a_cut_line(tmp_path):
     assert rollout_journal.status_of("skipped") == "done" and rollout_journal.status_of("flagged") == "failed"
 
 
+def test_a_drain_in_the_journal_sets_draining_in_the_fleet_state(tmp_path):
+    directory = str(tmp_path)
+    plan = {"nodes": [{"name": "g", "stage": "golden", "class": "gpu_h100"},
+                      {"name": "c1", "stage": "canary", "class": "gpu_h100"},
+                      {"name": "c2", "stage": "canary", "class": "gpu_h100"}]
+            + [{"name": "w%d" % i, "stage": "waves", "class": "gpu_h100"} for i in range(20)]}
+    for event in ({"event": "started", "node": "g"}, {"event": "finished", "node": "g", "status": "done"},
+                  {"event": "started", "node": "c1"}, {"event": "draining", "node": "c1"},
+                  {"event": "started", "node": "c2"}, {"event": "draining", "node": "c2"},
+                  {"event": "drained", "node": "c2"}, {"event": "finished", "node": "c2", "status": "done"},
+                  {"event": "draining", "node": "w0"}):
+        rollout_journal.append(directory, event)
+    state = rollout_journal.read(directory)
+    assert state["c1"]["draining"] is True and "draining" not in state["c2"]
+    assert "status" not in state["w0"]     # a drain event of a node no step started says nothing
+    nodes = rollout_journal.fleet_state(plan, state)
+    # The canary still waiting for its drain holds no stage open: the waves open.
+    assert rollout_budget.stage_gates(nodes) == {"gpu_h100": "waves"}
+    rollout_journal.append(directory, {"event": "drained", "node": "c1"})
+    nodes = rollout_journal.fleet_state(plan, rollout_journal.read(directory))
+    assert nodes[1]["draining"] is False
+    assert rollout_budget.stage_gates(nodes) == {"gpu_h100": "canary"}
+
+
 def test_plan_nodes_and_choice_resume_first(tmp_path):
     groups = {"all": ["g", "c", "w1", "w2", "w3", "x1"], "gpu_h100": ["g", "c", "w1", "w2", "w3"],
               "gpu_a100": ["x1"], "rack_1": ["w1", "x1"]}
