@@ -18,7 +18,10 @@ own slot), every node first on the baseline driver 580.126.20. Then, in order:
   after that, then resumed (IDLE); node02 is refused and stays drained with the operator's
   reason; node03 is rolled back and stays DRAIN with the rollout's reason;
 * ``rollback.yml`` over node02 and node03 returns node03 (the rollout drained it) to service and
-  leaves node02 (the operator's) drained with its reason.
+  leaves node02 (the operator's) drained with its reason;
+* ``node_upgrade_drain: slurm_reboot`` on node03 while a job runs there: the run stages the driver,
+  asks Slurm for the reboot and ends while the job still runs; the job ends, Slurm reboots
+  node03 and resumes it; the next run of the same rollout verifies it (upgraded).
 """
 
 from __future__ import annotations
@@ -237,3 +240,46 @@ def wait_for_state(rollouts, node, state, timeout=30):
     wait_for(reached, timeout, "%s to be %s in Slurm" % (node, state))
     return seen
 
+
+def test_slurm_reboot_upgrades_a_busy_node_after_its_job_without_the_controller_waiting(slurm_rollouts, first_rollout):
+    """``node_upgrade_drain: slurm_reboot`` on node03 (on the baseline again, IDLE) while a job runs on it."""
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    before_boot = rollouts.fleet.boot_id("node03")
+    job = rollouts.sbatch("node03", JOB_SCRIPT % {"go": "/root/go-r", "end": "/root/job-end-r"})
+    wait_for(lambda: rollouts.job_state(job) == "RUNNING", 60, "job %s running on node03" % job)
+    code, log = rollouts.rollout("slurm-r", "node03", "-e", "node_upgrade_drain=slurm_reboot")
+    # The run staged the driver, asked Slurm for the reboot and ended while the job still runs.
+    assert code == 0, log[-4000:]
+    assert rollouts.job_state(job) == "RUNNING"
+    record = rollouts.record("slurm-r", "node03")
+    assert record["result"] == "pending", record
+    assert rollouts.report("slurm-r")["status"] == "in_progress"
+    assert rollouts.userspace("node03") == TARGET and rollouts.loaded("node03") == BASELINE
+    assert rollouts.fleet.boot_id("node03") == before_boot
+    node03 = rollouts.slurm_node("node03")
+    assert node03["drain"] and "REBOOT_REQUESTED" in node03["flags"], node03
+    assert node03["reason"] == "gpufleet slurm-r: driver rollout", node03
+    # Slurm reboots the node once the job has ended and returns it to service (nextstate=RESUME).
+    release(rollouts, "node03", "/root/go-r")
+    wait_for(lambda: rollouts.job_state(job) == "", JOB_S + 120, "job %s to end" % job)
+    wait_for(lambda: rollouts.fleet.boot_id("node03") not in (None, before_boot), 300, "node03's reboot by Slurm")
+    wait_for_state(rollouts, "node03", "IDLE", timeout=300)
+    wait_for(lambda: rollouts.fleet.run("node03", ["true"]).returncode == 0, 120, "node03's sshd after its reboot")
+    with open(os.path.join(rollouts.fleet.root_of("node03"), "root", "job-end-r")) as handle:
+        job_end = float(handle.read().strip())
+    assert float(record["finished_epoch"]) < job_end
+    # The next run verifies it.
+    code, log = rollouts.rollout("slurm-r", "node03", "-e", "node_upgrade_drain=slurm_reboot")
+    assert code == 0, log[-4000:]
+    record = rollouts.record("slurm-r", "node03")
+    assert record["result"] == "upgraded", record
+    assert record["reason"] == "rebooted by Slurm; verified on %s" % TARGET, record["reason"]
+    assert float(record["marks"]["rebooted"]) > job_end
+    assert rollouts.started("slurm-r") == {"node03": 1}
+    assert rollouts.report("slurm-r")["status"] == "completed"
+    assert_on(rollouts, "node03", TARGET)
+    node03 = rollouts.slurm_node("node03")
+    assert node03["state"] == "IDLE" and node03["reason"] is None, node03
+    assert rollouts.fleet.run("node03", "test -e /var/lib/gpufleet/rollout/drain.json").returncode == 1
+    assert not rollouts.lock_exists("node03")
