@@ -31,7 +31,7 @@ description:
   - V(unfinished) returns the nodes of O(candidates) that the journal still has in flight. At the end of a step
     these are the nodes that lost their connection or failed outside their transaction, which have no record yet.
     Nodes whose driver is staged and whose reboot Slurm runs (C(node_upgrade_drain=slurm_reboot)) are returned
-    apart, as C(pending): recorded, still in flight, holding their slot.
+    apart, as C(pending) (recorded, still in flight, holding their slot).
   - Budgets, stages and stop reasons are described in the collection's C(docs/rollout.md).
 options:
   state:
