@@ -31,6 +31,8 @@ def _journal_event(record, hold, stamp):
     """The rollout journal's event for a node record (``rollout_journal``)."""
     if hold:
         return {"event": "held", "node": record["node"], "time": stamp}
+    if record.get("result") == "pending":
+        return {"event": "pending", "node": record["node"], "run_id": record.get("run_id"), "time": stamp}
     result = record.get("result") or "failed"
     event = {"event": "finished", "node": record["node"], "status": rollout_journal.status_of(result),
              "result": result, "changed": result != "skipped", "run_id": record.get("run_id"),

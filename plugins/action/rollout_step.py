@@ -175,7 +175,9 @@ class ActionModule(ControllerAction):
                            "deferred": decision["deferred"], "stages": decision["stages"]})
             return result
         if args["state"] == "unfinished":
-            result["unfinished"] = rollout_journal.unfinished(rollout_journal.read(directory), args["candidates"])
+            journal = rollout_journal.read(directory)
+            result["unfinished"] = rollout_journal.unfinished(journal, args["candidates"])
+            result["pending"] = rollout_journal.pending(journal, args["candidates"])
             return result
         return self._admit(result, args, options, directory)
 
@@ -242,6 +244,9 @@ class ActionModule(ControllerAction):
                     journal = rollout_journal.read(directory)
                     mine = journal.get(node) or {}
                     if mine.get("status") == "in_flight":
+                        if mine.get("pending"):
+                            rollout_journal.append_in_lock(directory, {
+                                "event": "resumed", "node": node, "run_id": args["run_id"], "time": time.time()})
                         result.update({"admitted": True, "resumed": True, "why": "resumes its transaction"})
                         return result
                     if mine.get("status") in ("done", "failed", "refused"):

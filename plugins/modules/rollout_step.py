@@ -30,6 +30,8 @@ description:
     nodes' own locks (C(gpufleet.nvidia.node_lock)) let exactly one rollout through per node.
   - V(unfinished) returns the nodes of O(candidates) that the journal still has in flight. At the end of a step
     these are the nodes that lost their connection or failed outside their transaction, which have no record yet.
+    Nodes whose driver is staged and whose reboot Slurm runs (C(node_upgrade_drain=slurm_reboot)) are returned
+    apart, as C(pending) (recorded, still in flight, holding their slot).
   - Budgets, stages and stop reasons are described in the collection's C(docs/rollout.md).
 options:
   state:
@@ -137,6 +139,11 @@ nodes:
   type: int
 unfinished:
   description: Of O(candidates), the nodes still in flight in the journal (no record yet).
+  returned: when O(state=unfinished)
+  type: list
+  elements: str
+pending:
+  description: Of O(candidates), the nodes in flight that wait for the reboot their scheduler runs (recorded).
   returned: when O(state=unfinished)
   type: list
   elements: str

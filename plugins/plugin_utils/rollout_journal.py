@@ -21,6 +21,10 @@ controller killed anywhere leaves every line it wrote whole:
   ``draining`` (it keeps its slot and holds no stage open, ``rollout_budget.stage_gates``). A
   node whose journal has neither is not taken as draining: without word of its drain, an in-flight
   golden or canary node holds its stage open.
+* ``{"event": "pending", "node", "time", "run_id"}`` — the node's driver is staged and its
+  scheduler reboots it when its jobs end (``node_upgrade_drain: slurm_reboot``): it stays in
+  flight, holding its slot, and a later step verifies it; ``{"event": "resumed", "node", "time",
+  "run_id"}`` — a step took such a node up again.
 
 A node started and not finished is in flight: the next step resumes it first (its transaction
 reads its own state on the node and continues, or finds it done). Appending costs the same
@@ -71,7 +75,8 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
         only the last line of a killed writer can be cut, and it said nothing yet).
     :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
         "finished_at", "result", "changed", "signature", "implicates_driver", "target",
-        "run_id", "draining"?}}``; nodes the journal never named are absent (pending).
+        "run_id", "draining"?, "pending"?}}``; nodes the journal never named are absent (not started);
+        ``pending`` is true for a node in flight that waits for its scheduler's reboot.
     """
     state = {}  # type: Dict[str, Dict[str, Any]]
     for line in lines:
@@ -91,11 +96,17 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
             node.pop("draining", None)
         elif kind in ("draining", "drained") and node.get("status") == "in_flight":
             node["draining"] = kind == "draining"
+        elif kind == "pending":
+            node.update({"status": "in_flight", "pending": True})
+            node.pop("draining", None)
+        elif kind == "resumed":
+            node.pop("pending", None)
         elif kind == "finished" and event.get("status") in ("done", "failed", "refused"):
             for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id",
                         "out_of_service"):
                 node[key] = event.get(key)
             node.pop("draining", None)
+            node.pop("pending", None)
             node["finished_at"] = event.get("time")
     return state
 
@@ -140,12 +151,21 @@ def status_of(result: str) -> str:
 
 
 def unfinished(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
-    """The nodes among ``nodes`` that the journal still has in flight (started or held, not finished).
+    """The nodes among ``nodes`` that the journal still has in flight (started or held, not finished),
+    except those pending (:func:`pending`).
 
     At the end of a step every host of the step has ended its play, so a node of the step still
     in flight lost its connection or failed outside its transaction's rescue: it has no record.
     """
-    return [n for n in nodes if (journal.get(n) or {}).get("status") == "in_flight"]
+    return [n for n in nodes if (journal.get(n) or {}).get("status") == "in_flight"
+            and not (journal.get(n) or {}).get("pending")]
+
+
+def pending(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
+    """The nodes among ``nodes`` in flight that wait for a reboot their scheduler runs (a ``pending``
+    event, not followed by ``resumed`` or ``finished``): recorded, holding their slot."""
+    return [n for n in nodes if (journal.get(n) or {}).get("status") == "in_flight"
+            and (journal.get(n) or {}).get("pending")]
 
 
 def concurrent_rollouts(parent: str, rollout_id: str, nodes: Any, now: float, stale_s: float,

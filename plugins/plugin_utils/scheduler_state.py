@@ -59,15 +59,16 @@ def parse_slurm_show_node(text: str) -> Dict[str, Any]:
 def drain_state(backend: str, output: Optional[str]) -> Dict[str, Any]:
     """Whether the node is out of service in its scheduler now, from the backend's read command.
 
-    :param backend: ``slurm``, ``kubernetes``, ``command`` or ``none``.
-    :param output: ``scontrol show node -o NAME`` (slurm) or the ``unschedulable`` jsonpath
+    :param backend: ``slurm``, ``slurm_reboot`` (read as ``slurm``: the same node state),
+        ``kubernetes``, ``command`` or ``none``.
+    :param output: ``scontrol show node -o NAME`` (slurm, slurm_reboot) or the ``unschedulable`` jsonpath
         (kubernetes); ignored for the others.
     :returns: ``{"backend", "known": bool, "out_of_service": bool | None, "draining": bool,
         "reason": str | None}``; ``known`` is false for ``command`` and ``none``, which cannot
         be asked.
     :raises ValueError: for an unknown backend or output Slurm does not write.
     """
-    if backend == "slurm":
+    if backend in ("slurm", "slurm_reboot"):
         node = parse_slurm_show_node(output or "")
         return {"backend": backend, "known": True, "out_of_service": node["out_of_service"],
                 "draining": node["draining"], "reason": node["reason"], "state": "+".join([node["state"] or ""] + node["flags"])}
@@ -78,7 +79,7 @@ def drain_state(backend: str, output: Optional[str]) -> Dict[str, Any]:
     if backend in ("command", "none"):
         return {"backend": backend, "known": False, "out_of_service": None, "draining": False, "reason": None,
                 "state": None}
-    raise ValueError("unknown drain backend %r (slurm, kubernetes, command, none)" % backend)
+    raise ValueError("unknown drain backend %r (slurm, slurm_reboot, kubernetes, command, none)" % backend)
 
 
 def drained_by_others(state: Any, record: Any) -> bool:

@@ -116,9 +116,10 @@ BASELINE_PLAYBOOK = baseline_playbook(BASELINE)
 class Rollouts(object):
     """The fleet and the test's directory (inventory additions, drain markers, reports)."""
 
-    def __init__(self, fleet, workdir, inventory=INVENTORY, reboot_timeout_s=90):
+    def __init__(self, fleet, workdir, inventory=INVENTORY, reboot_timeout_s=90, env=None):
         self.fleet = fleet
         self.dir = workdir
+        self.env = env
         self.inventory = os.path.join(workdir, "rollout-inventory.yml")
         os.makedirs(os.path.join(workdir, "drained"), exist_ok=True)
         with open(self.inventory, "w") as handle:
@@ -130,7 +131,7 @@ class Rollouts(object):
 
     def start(self, playbook, *extra):
         log = open(os.path.join(self.dir, "run-%d.log" % time.time_ns()), "w")
-        return subprocess.Popen(self.argv(playbook, *extra), env=ansible_env(), cwd=self.dir, stdout=log,
+        return subprocess.Popen(self.argv(playbook, *extra), env=ansible_env(self.env), cwd=self.dir, stdout=log,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True), log.name
 
     def run(self, playbook, *extra, timeout=1800):

@@ -133,3 +133,35 @@ def test_concurrent_rollouts_on_the_same_nodes_are_found(tmp_path):
     # The same rollout id resumes itself; another controller's rollout is stale after stale_s.
     assert rollout_journal.concurrent_rollouts(str(tmp_path), "driver-620", ["n1"], now + 7200, 3600,
                                                live.get) == []
+
+
+def test_a_node_pending_its_slurm_reboot_stays_in_flight_and_is_not_unfinished(tmp_path):
+    directory = str(tmp_path)
+    for node in ("a", "b"):
+        rollout_journal.append(directory, {"event": "started", "node": node, "run_id": "r1", "time": 1.0})
+        rollout_journal.append(directory, {"event": "pending", "node": node, "run_id": "r1", "time": 2.0})
+    journal = rollout_journal.read(directory)
+    assert journal["a"]["status"] == "in_flight" and journal["a"]["pending"] is True
+    assert rollout_journal.unfinished(journal, ["a", "b"]) == []
+    assert rollout_journal.pending(journal, ["a", "b"]) == ["a", "b"]
+    # A later step takes a up again: cut off from then on, it is unfinished; b ends verified.
+    rollout_journal.append(directory, {"event": "resumed", "node": "a", "run_id": "r2", "time": 3.0})
+    rollout_journal.append(directory, {"event": "finished", "node": "b", "status": "done", "result": "upgraded"})
+    journal = rollout_journal.read(directory)
+    assert rollout_journal.unfinished(journal, ["a", "b"]) == ["a"]
+    assert rollout_journal.pending(journal, ["a", "b"]) == []
+    assert journal["b"]["status"] == "done" and "pending" not in journal["b"]
+    # A pending node holds its slot: the class's only slot is taken.
+    plan = {"nodes": [{"name": "a", "stage": "waves", "class": "gpu_h100", "domain": None},
+                      {"name": "c", "stage": "waves", "class": "gpu_h100", "domain": None}]}
+    rollout_journal.append(directory, {"event": "pending", "node": "a", "run_id": "r2", "time": 4.0})
+    nodes = rollout_journal.fleet_state(plan, rollout_journal.read(directory))
+    decision = rollout_budget.decide(nodes, rollout_budget.normalize_options({"max_unavailable": "1"}))
+    assert decision["start"] == [] and decision["in_flight"] == 1 and decision["action"] == "wait", decision
+
+
+def test_a_pending_record_is_journalled_as_pending():
+    from ansible_collections.gpufleet.nvidia.plugins.action.rollout_report import _journal_event
+
+    event = _journal_event({"node": "n1", "result": "pending", "run_id": "r1"}, False, 5.0)
+    assert event == {"event": "pending", "node": "n1", "run_id": "r1", "time": 5.0}

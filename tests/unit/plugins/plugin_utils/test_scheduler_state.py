@@ -64,3 +64,8 @@ def test_drain_state_per_backend_and_who_drained():
     assert drained_by_others(operator, {"rollout_id": "driver-ltsb", "run_id": "r1"}) is False  # ours, from a failed run
     assert drained_by_others(drain_state("slurm", IDLE), {}) is False
     assert drained_by_others(drain_state("command", None), {}) is False
+
+
+def test_slurm_reboot_reads_the_node_as_slurm_does():
+    assert drain_state("slurm_reboot", DRAINING) == dict(drain_state("slurm", DRAINING), backend="slurm_reboot")
+    assert drain_state("slurm_reboot", DRAINING)["draining"] is True

@@ -1,0 +1,285 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The rollout's ``slurm`` drain against a real Slurm cluster (``make_fleet(..., slurm=True)``).
+
+Integration tests, not stand-ins: slurmctld runs on the host, slurmd in each simulated node
+(Debian's slurm-wlm 22.05), jobs are real ``sbatch`` jobs, and every Slurm state asserted here is
+read with ``scontrol show node -o``. The Slurm commands of the rollout run on the controller host
+(``node_upgrade_drain_host: localhost``) through the fleet's wrappers (``<fleet>/slurm/bin`` first
+in ``PATH``: they point ``scontrol`` at the fleet's ``slurm.conf``).
+
+One fleet of three nodes (node01 H100, node02 A100, node03 L40S: a class each, so each has its
+own slot), every node first on the baseline driver 580.126.20. Then, in order:
+
+* one rollout (``slurm-a``) over the three nodes: node01 runs a batch job when the rollout
+  starts (it ends 20 s after the test has seen Slurm show node01 DRAINING), node02 was drained by an operator beforehand (another reason), node03's module build
+  fails (fault ``build_fail``). node01 is drained only once its job has ended and is installed
+  after that, then resumed (IDLE); node02 is refused and stays drained with the operator's
+  reason; node03 is rolled back and stays DRAIN with the rollout's reason;
+* ``rollback.yml`` over node02 and node03 returns node03 (the rollout drained it) to service and
+  leaves node02 (the operator's) drained with its reason;
+* ``node_upgrade_drain: slurm_reboot`` on node03 while a job runs there: the run stages the driver,
+  asks Slurm for the reboot and ends while the job still runs; the job ends, Slurm reboots
+  node03 and resumes it; the next run of the same rollout verifies it (upgraded).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+SIMFLEET_DIR = os.path.join(REPO, "tests", "simfleet")
+if SIMFLEET_DIR not in sys.path:
+    sys.path.append(SIMFLEET_DIR)
+
+from test_rollout_fleet import BASELINE, ROLLBACK, Rollouts, assert_on, wait_for  # noqa: E402
+from simfleet.testing import (  # noqa: E402
+    FLEET_DRIVER_VARS,
+    SimFleet,
+    ansible_env,
+    baseline_playbook,
+    fleet_unavailable,
+    make_fleet,
+    session_fleet_name,
+)
+
+pytestmark = pytest.mark.fleet
+
+LAYOUT = "h100,a100,l40s"
+TARGET = "620.82.01"
+JOB_S = 20
+# A job that waits (at most 20 minutes) until the test lets it go, then runs JOB_S seconds more and
+# writes its end time (the node shares the host's clock).
+JOB_SCRIPT = ("i=0; while [ ! -e %(go)s ] && [ $i -lt 1200 ]; do sleep 1; i=$((i+1)); done; "
+              "sleep " + str(JOB_S) + "; date +%%s.%%N > %(end)s")
+OPERATOR_REASON = "fan replaced, burn-in pending"
+
+INVENTORY = "all:\n  vars:\n" + FLEET_DRIVER_VARS + """\
+    node_upgrade_drain: slurm
+    node_upgrade_slurm_node_name: "{{ simfleet_slurm_node_name }}"
+    node_upgrade_drain_poll_s: 2
+    node_upgrade_drain_timeout_s: 300
+    node_upgrade_reboot_timeout_s: %(reboot_timeout_s)d
+    node_upgrade_rescue_connect_timeout_s: 15
+"""
+
+
+class SlurmRollouts(Rollouts):
+    """Rollouts whose drain is the fleet's Slurm: ``drained`` reads ``scontrol show node -o``."""
+
+    def slurm_node(self, node):
+        """``{"state": "IDLE+DRAIN", "drain": bool, "summary", "reason": str | None}`` of ``node``."""
+        from simfleet import slurmconf  # pylint: disable=import-outside-toplevel
+
+        fields = self.fleet.slurm_nodes()[node]
+        reason = fields.get("Reason")
+        return dict(slurmconf.node_state(fields), state=fields["State"],
+                    reason=reason.split(" [", 1)[0] if reason and reason != "(null)" else None)
+
+    def drained(self, node):
+        return self.slurm_node(node)["drain"]
+
+    def sbatch(self, node, script):
+        """Submit ``script`` as a batch job on ``node`` (one GPU); its job id."""
+        proc = self.fleet.slurm(["sbatch", "--parsable", "--nodelist=" + node, "--chdir=/root", "--gres=gpu:1",
+                                 "--output=/root/job-%j.out", "--wrap", script], check=True)
+        return proc.stdout.strip().split(";")[0]
+
+    def job_state(self, job):
+        return self.fleet.slurm(["squeue", "--noheader", "--jobs", job, "--format", "%T"]).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def slurm_rollouts(tmp_path_factory):
+    reason = fleet_unavailable()
+    if reason:
+        pytest.skip(reason)
+    fleet = make_fleet(session_fleet_name("pytest-rollout-slurm"), None, LAYOUT,
+                       os.environ.get("ROLLOUT_SLURM_PORTS"), slurm=True)
+    try:
+        sf = SimFleet(fleet)
+        env = {"PATH": fleet.slurm().bin_dir + os.pathsep + ansible_env()["PATH"]}
+        handle = SlurmRollouts(sf, str(tmp_path_factory.mktemp("rollout-slurm")), inventory=INVENTORY,
+                               reboot_timeout_s=180, env=env)
+        baseline = os.path.join(handle.dir, "baseline.yml")
+        with open(baseline, "w") as out:
+            out.write(baseline_playbook(BASELINE))
+        code, log = handle.run(baseline)
+        assert code == 0, log[-4000:]
+        yield handle
+    finally:
+        if os.environ.get("SIMFLEET_TEST_KEEP") != "1":
+            fleet.down(purge=True)
+
+
+@pytest.fixture(scope="module")
+def first_rollout(slurm_rollouts):
+    """The rollout ``slurm-a`` over a busy node01, an operator-drained node02 and a failing node03.
+
+    node01's job runs until the test has seen Slurm show node01 DRAINING (the rollout's drain
+    made while the job runs), then ends a few seconds later: the drain must wait for it.
+    """
+    rollouts = slurm_rollouts
+    rollouts.fleet.slurm(["scontrol", "update", "NodeName=node02", "State=DRAIN", "Reason=" + OPERATOR_REASON],
+                         check=True)
+    rollouts.fleet.fault("node03", "build_fail", version=TARGET)
+    job = rollouts.sbatch("node01", JOB_SCRIPT % {"go": "/root/go", "end": "/root/job-end"})
+    wait_for(lambda: rollouts.job_state(job) == "RUNNING", 60, "job %s running on node01" % job)
+    started = time.time()
+    proc, log = rollouts.rollout("slurm-a", "node01:node02:node03", start=True)
+    draining = {}
+
+    def seen_draining():
+        draining.update(rollouts.slurm_node("node01"))
+        return draining["summary"] == "draining" or proc.poll() is not None
+
+    wait_for(seen_draining, 1200, "the rollout to drain node01")
+    release(rollouts, "node01", "/root/go")
+    proc.wait(timeout=1800)
+    with open(log) as handle:
+        text = handle.read()
+    with open(os.path.join(rollouts.fleet.root_of("node01"), "root", "job-end")) as handle:
+        job_end = float(handle.read().strip())
+    return {"code": proc.returncode, "log": text, "job": job, "job_end": job_end, "started": started,
+            "draining": draining}
+
+
+def release(rollouts, node, path):
+    """Let the waiting job on ``node`` go on (it ends JOB_S seconds later)."""
+    with open(os.path.join(rollouts.fleet.root_of(node), path.lstrip("/")), "w") as handle:
+        handle.write("go\n")
+
+
+def test_a_busy_node_is_drained_and_upgraded_only_after_its_job_ends(slurm_rollouts, first_rollout):
+    rollouts = slurm_rollouts
+    # node03 failed: the host fails and the rollout stops (2).
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    record = rollouts.record("slurm-a", "node01")
+    assert record["result"] == "upgraded", record
+    marks = record["marks"]
+    job_end = first_rollout["job_end"]
+    # The transaction began while the job ran; the drain ended, and the install began, after it ended.
+    assert float(marks["started"]) < job_end, (marks, job_end)
+    assert job_end <= float(marks["drained"]) <= float(marks["installed"]), (marks, job_end)
+    assert first_rollout["draining"]["reason"] == "gpufleet slurm-a: driver rollout", first_rollout["draining"]
+    # Slurm showed the job's node busy when the rollout read it, and the drain is the rollout's.
+    assert record["drain"]["backend"] == "slurm" and record["drain"]["owned"] is True, record["drain"]
+    assert record["drain"]["before"] in ("ALLOCATED", "MIXED"), record["drain"]
+    assert rollouts.job_state(first_rollout["job"]) == ""
+    assert_on(rollouts, "node01", TARGET)
+
+
+def test_the_rollout_resumes_only_the_nodes_it_drained(slurm_rollouts, first_rollout):
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    node01 = rollouts.slurm_node("node01")
+    assert node01["state"] == "IDLE" and node01["reason"] is None, node01
+    # The drain record is gone from the node the rollout returned to service.
+    assert rollouts.fleet.run("node01", "test -e /var/lib/gpufleet/rollout/drain.json").returncode == 1
+
+
+def test_a_node_an_operator_drained_stays_drained_with_its_reason(slurm_rollouts, first_rollout):
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    record = rollouts.record("slurm-a", "node02")
+    assert record["result"] == "refused" and "drained_by_others" in record["flags"], record
+    assert "drained in slurm before the rollout (%s)" % OPERATOR_REASON in record["reason"], record["reason"]
+    assert record["drain"]["owned"] is False and record["drain"]["reason_before"] == OPERATOR_REASON
+    node02 = rollouts.slurm_node("node02")
+    assert node02["state"] == "IDLE+DRAIN" and node02["reason"] == OPERATOR_REASON, node02
+    assert_on(rollouts, "node02", BASELINE)
+
+
+def test_a_failed_node_stays_drained_with_the_rollouts_reason(slurm_rollouts, first_rollout):
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    record = rollouts.record("slurm-a", "node03")
+    assert record["result"] == "rolled_back" and "apt-get failed" in record["reason"], record
+    assert record["drain"]["owned"] is True
+    node03 = rollouts.slurm_node("node03")
+    assert node03["state"] == "IDLE+DRAIN", node03
+    assert node03["reason"] == "gpufleet slurm-a: driver rollout", node03
+    assert rollouts.flag("node03")["rollout_id"] == "slurm-a"
+    assert_on(rollouts, "node03", BASELINE)
+    assert [q["node"] for q in rollouts.report("slurm-a")["quarantined"]] == ["node03"]
+
+
+def test_rollback_returns_the_nodes_the_rollout_drained_and_no_other(slurm_rollouts, first_rollout):
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    rollouts.fleet.fault("node03", "clear")
+    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=node02:node03", "-e", "rollback_id=slurm-back",
+                             "-e", "rollback_report_dir=%s" % rollouts.report_dir("slurm-back"))
+    assert code == 0, log[-4000:]
+    records = dict((n["node"], n) for n in rollouts.report("slurm-back")["nodes"])
+    assert records["node03"]["result"] == "rolled_back", records["node03"]
+    assert "left drained" not in records["node03"]["reason"], records["node03"]
+    node03 = wait_for_state(rollouts, "node03", "IDLE")
+    assert node03["reason"] is None
+    assert rollouts.flag("node03") is None
+    assert_on(rollouts, "node03", BASELINE)
+    node02 = rollouts.slurm_node("node02")
+    assert node02["state"] == "IDLE+DRAIN" and node02["reason"] == OPERATOR_REASON, node02
+
+
+def wait_for_state(rollouts, node, state, timeout=30):
+    """Wait until ``scontrol show node`` gives ``node`` the State ``state`` (a resumed node is pinged
+    first: IDLE+NOT_RESPONDING for a moment); its Slurm state."""
+    seen = {}
+
+    def reached():
+        seen.update(rollouts.slurm_node(node))
+        return seen["state"] == state
+
+    wait_for(reached, timeout, "%s to be %s in Slurm" % (node, state))
+    return seen
+
+
+def test_slurm_reboot_upgrades_a_busy_node_after_its_job_without_the_controller_waiting(slurm_rollouts, first_rollout):
+    """``node_upgrade_drain: slurm_reboot`` on node03 (on the baseline again, IDLE) while a job runs on it."""
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    before_boot = rollouts.fleet.boot_id("node03")
+    job = rollouts.sbatch("node03", JOB_SCRIPT % {"go": "/root/go-r", "end": "/root/job-end-r"})
+    wait_for(lambda: rollouts.job_state(job) == "RUNNING", 60, "job %s running on node03" % job)
+    code, log = rollouts.rollout("slurm-r", "node03", "-e", "node_upgrade_drain=slurm_reboot")
+    # The run staged the driver, asked Slurm for the reboot and ended while the job still runs.
+    assert code == 0, log[-4000:]
+    assert rollouts.job_state(job) == "RUNNING"
+    record = rollouts.record("slurm-r", "node03")
+    assert record["result"] == "pending", record
+    assert rollouts.report("slurm-r")["status"] == "in_progress"
+    assert rollouts.userspace("node03") == TARGET and rollouts.loaded("node03") == BASELINE
+    assert rollouts.fleet.boot_id("node03") == before_boot
+    node03 = rollouts.slurm_node("node03")
+    assert node03["drain"] and "REBOOT_REQUESTED" in node03["flags"], node03
+    assert node03["reason"] == "gpufleet slurm-r: driver rollout", node03
+    # Slurm reboots the node once the job has ended and returns it to service (nextstate=RESUME).
+    release(rollouts, "node03", "/root/go-r")
+    wait_for(lambda: rollouts.job_state(job) == "", JOB_S + 120, "job %s to end" % job)
+    wait_for(lambda: rollouts.fleet.boot_id("node03") not in (None, before_boot), 300, "node03's reboot by Slurm")
+    wait_for_state(rollouts, "node03", "IDLE", timeout=300)
+    wait_for(lambda: rollouts.fleet.run("node03", ["true"]).returncode == 0, 120, "node03's sshd after its reboot")
+    with open(os.path.join(rollouts.fleet.root_of("node03"), "root", "job-end-r")) as handle:
+        job_end = float(handle.read().strip())
+    assert float(record["finished_epoch"]) < job_end
+    # The next run verifies it.
+    code, log = rollouts.rollout("slurm-r", "node03", "-e", "node_upgrade_drain=slurm_reboot")
+    assert code == 0, log[-4000:]
+    record = rollouts.record("slurm-r", "node03")
+    assert record["result"] == "upgraded", record
+    assert record["reason"] == "rebooted by Slurm; verified on %s" % TARGET, record["reason"]
+    assert float(record["marks"]["rebooted"]) > job_end
+    assert rollouts.started("slurm-r") == {"node03": 1}
+    assert rollouts.report("slurm-r")["status"] == "completed"
+    assert_on(rollouts, "node03", TARGET)
+    node03 = rollouts.slurm_node("node03")
+    assert node03["state"] == "IDLE" and node03["reason"] is None, node03
+    assert rollouts.fleet.run("node03", "test -e /var/lib/gpufleet/rollout/drain.json").returncode == 1
+    assert not rollouts.lock_exists("node03")
