@@ -169,7 +169,7 @@ resolved:
     catalog_as_of: "2026-11-29"
 plan:
   description:
-    - The package transaction (see C(package_plan.plan_transaction)). C(steps) is the ordered list of
+    - The package transaction (see C(package_transaction.plan_transaction)). C(steps) is the ordered list of
       commands (C(argv)) and files (C(path), C(content) or C(state=absent)) the driver role runs;
       C(noop) is true when the node already has the set installed and pinned.
   returned: success
@@ -207,7 +207,11 @@ import tempfile
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog as bc
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_plan as pp
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import apt_plan
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_sets
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_transaction
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import repository_versions
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_state import (
     parse_apt_mark_showhold,
     parse_dpkg_l,
@@ -283,7 +287,7 @@ class AptSource(object):
                                                environ_update=ENV)
         if rc != 0 and not out:
             return {}
-        return pp.parse_apt_cache_madison(out)
+        return repository_versions.parse_apt_cache_madison(out)
 
     def close(self):
         if self.tmp:
@@ -304,8 +308,8 @@ def gather_apt(module):
     for package in installed:
         package["held"] = package["held"] or package["name"] in held_set
     preferences = None
-    if os.path.exists(pp.PREFERENCES_PATH):
-        with open(pp.PREFERENCES_PATH) as handle:
+    if os.path.exists(apt_plan.PREFERENCES_PATH):
+        with open(apt_plan.PREFERENCES_PATH) as handle:
             preferences = handle.read()
     return installed, held, preferences
 
@@ -339,16 +343,16 @@ def dnf_available(module, names):
         return {}
     rc, out, err = module.run_command(["dnf", "-q", "list", "--showduplicates", "--available"] + sorted(set(names)),
                                       environ_update=ENV)
-    return pp.parse_dnf_list(out) if rc == 0 else {}
+    return repository_versions.parse_dnf_list(out) if rc == 0 else {}
 
 
 def wanted_names(distribution, branch, module_type, fabric_manager, persistenced, installed):
     """Every name the plan may ask the repository about: the set and the old set renamed."""
-    names = [p["name"] for p in pp.package_set(distribution, branch, module_type, fabric_manager, persistenced)]
-    version = pp.installed_driver_version(installed)
+    names = [p["name"] for p in package_sets.package_set(distribution, branch, module_type, fabric_manager, persistenced)]
+    version = package_sets.installed_driver_version(installed)
     current = version.split(".")[0] if version else None
     for package in installed:
-        names.append(pp.rename_for_branch(package["name"], distribution, current, branch))
+        names.append(package_sets.rename_for_branch(package["name"], distribution, current, branch))
     return sorted(set(names))
 
 
@@ -363,7 +367,7 @@ def main():
             gpu_architectures=dict(type="list", elements="str", default=[]),
             fabric_manager=dict(type="str", default="auto", choices=["auto", "enabled", "disabled"]),
             persistenced=dict(type="bool", default=True),
-            distribution=dict(type="str", required=True, choices=list(pp.DISTRIBUTIONS)),
+            distribution=dict(type="str", required=True, choices=list(distributions.DISTRIBUTIONS)),
             today=dict(type="str"),
             catalog=dict(type="dict"),
             repository=dict(type="dict", options=dict(
@@ -373,13 +377,13 @@ def main():
                 key=dict(type="str", no_log=False),
                 preview=dict(type="bool", default=False),
             )),
-            origin_pin=dict(type="str", default=pp.DEFAULT_ORIGIN_PIN),
+            origin_pin=dict(type="str", default=apt_plan.DEFAULT_ORIGIN_PIN),
         ),
         supports_check_mode=True,
     )
     p = module.params
     distribution = p["distribution"]
-    manager = pp.package_manager(distribution)
+    manager = distributions.package_manager(distribution)
     catalog = p["catalog"] or bc.get_catalog()
     today = p["today"] or datetime.date.today().isoformat()
     nvswitches = count_nvswitches()
@@ -397,12 +401,12 @@ def main():
         if manager == "apt":
             installed, held, preferences = gather_apt(module)
             apt = AptSource(module, p["repository"])
-            probe = pp.version_probe_packages(distribution)
+            probe = repository_versions.version_probe_packages(distribution)
             found = apt.madison(probe)
         else:
             installed, stream, locks = gather_dnf(module)
-            found = dnf_available(module, pp.version_probe_packages(distribution))
-        available_versions = pp.driver_versions_available(found, pp.version_probe_packages(distribution))
+            found = dnf_available(module, repository_versions.version_probe_packages(distribution))
+        available_versions = repository_versions.driver_versions_available(found, repository_versions.version_probe_packages(distribution))
         repository_source = apt.source if apt else "system"
         warnings = []
         if not available_versions and p["repository"] is None:
@@ -427,12 +431,12 @@ def main():
         else:
             available = dnf_available(module, names)
         try:
-            plan = pp.plan_transaction(
+            plan = package_transaction.plan_transaction(
                 distribution, resolved["branch"], resolved["version"], resolved["kernel_module_type"],
                 fabric_manager=fabric_manager, persistenced=p["persistenced"], installed=installed,
                 available=available, held=held if manager == "apt" else None, current_stream=stream,
                 locked=locks, origin_pin=p["origin_pin"], current_preferences=preferences)
-        except pp.PlanError as exc:
+        except distributions.PlanError as exc:
             module.fail_json(msg=exc.message, code=exc.code, resolved=resolved)
     finally:
         if apt:
