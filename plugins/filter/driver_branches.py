@@ -124,6 +124,14 @@ def driver_local_facts(previous, version, branch, when, action, verified_good=No
                                           kernel_module_type=kernel_module_type)
 
 
+def driver_next_local_facts(previous, target, branch, kernel_module_type, action, loaded, state, mark_known_good,
+                            when, history_limit=50):
+    """What the driver role records after its transaction (see driver_local_facts.next_local_facts)."""
+    return local_facts.next_local_facts(previous or {}, str(target), str(branch), kernel_module_type, str(action),
+                                        loaded or None, state or None, bool(mark_known_good), str(when),
+                                        int(history_limit))
+
+
 def driver_unattended_upgrades_config(extra=None):
     """apt.conf snippet: Unattended-Upgrade::Package-Blacklist for the kernel and NVIDIA packages."""
     return kernel_hold.unattended_upgrades_config(extra or [])
@@ -167,6 +175,7 @@ class FilterModule(object):
             "driver_apt_failure": driver_apt_failure,
             "driver_signing_key": driver_signing_key,
             "driver_local_facts": driver_local_facts,
+            "driver_next_local_facts": driver_next_local_facts,
             "driver_unattended_upgrades_config": driver_unattended_upgrades_config,
             "driver_repository": driver_repository,
             "driver_verify_module": driver_verify_module,

@@ -54,3 +54,32 @@ def update_local_facts(previous: Optional[Dict[str, Any]], version: str, branch:
         history.append({"time": when, "action": "known_good", "from": from_version, "to": version})
     result["history"] = history[-history_limit:]
     return result
+
+
+def next_local_facts(previous: Optional[Dict[str, Any]], target: str, branch: str, kernel_module_type: Optional[str],
+                     action: str, loaded: Optional[str], state: Optional[str], mark_known_good: bool, when: str,
+                     history_limit: int = 50) -> Dict[str, Any]:
+    """What the driver role records after a transaction: ``previous`` itself when there is nothing new.
+
+    A version becomes last known-good when ``mark_known_good`` is set and, at the start of the run,
+    it was loaded (``loaded``, from ``gpu_facts``), healthy (``state`` ``ok``) and the recorded current
+    version. Something is recorded when the transaction did something (``action`` other than
+    ``none``), when the recorded current version is not ``target``, or when a new known-good version
+    was seen.
+
+    :param previous: the local facts now (``ansible_local.gpufleet_driver``; ``{}`` on a fresh node).
+    :param target: the version the transaction installed and pinned; :param branch: its branch.
+    :param action: ``install``, ``upgrade``, ``downgrade``, ``branch_change``, ``repin`` or ``none``.
+    :param when: an ISO 8601 timestamp.
+    :returns: the content :func:`update_local_facts` gives, or ``previous`` unchanged (``{}`` for ``None``).
+    """
+    prev = dict(previous or {})
+    recorded = (prev.get("current") or {}).get("version") or ""
+    known_good = (prev.get("last_known_good") or {}).get("version") or ""
+    verified = loaded if (mark_known_good and state == "ok" and loaded and loaded == recorded) else ""
+    if action == "none" and recorded == target and not (verified and verified != known_good):
+        return prev
+    if action == "none":
+        action = "install" if recorded != target else "known_good"
+    return update_local_facts(prev, target, branch, when, action, verified_good=verified or None,
+                              history_limit=int(history_limit), kernel_module_type=kernel_module_type)
