@@ -8,6 +8,10 @@ Pure: no file, process or network access. Compatible with Python 3.7; standard l
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import struct
 import re
 from typing import Any, Dict, Iterable, List, Optional
 
@@ -41,17 +45,100 @@ def gpg_primary_fingerprints(colons: Optional[str]) -> List[str]:
     return found
 
 
+def _armor_blocks(armored: str) -> List[bytes]:
+    """The bytes of each ASCII-armored OpenPGP public key block in a text (RFC 4880 section 6.2: the
+    BEGIN line, header lines, a blank line, base64 lines, then the ``=`` checksum line and the END line).
+
+    :raises ValueError: a block without its blank line; :raises binascii.Error: bad base64.
+    """
+    lines = [line.strip() for line in armored.strip().splitlines()]
+    blocks = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith("-----BEGIN PGP PUBLIC KEY BLOCK"):
+            i += 1
+            continue
+        i += 1
+        while i < len(lines) and lines[i]:
+            i += 1
+        if i >= len(lines):
+            raise ValueError("armor without a blank line after its headers")
+        body = []
+        i += 1
+        while i < len(lines) and not lines[i].startswith("-----END"):
+            if not lines[i].startswith("="):
+                body.append(lines[i])
+            i += 1
+        blocks.append(base64.b64decode("".join(body), validate=True))
+    return blocks
+
+
+def openpgp_primary_fingerprints(armored: Optional[str]) -> List[str]:
+    """Primary-key fingerprints of an ASCII-armored OpenPGP public key file, read on the controller
+    without gpg.
+
+    Walks the packets (RFC 4880 section 4.2, old and new headers; RFC 9580 for version 6): a public
+    key packet (tag 6) version 4 has fingerprint SHA-1 of ``0x99``, the two-byte body length and the
+    body (RFC 4880 section 12.2); version 6, SHA-256 of ``0x9b``, the four-byte length and the body.
+    Subkeys (tag 14) are skipped, as in :func:`gpg_primary_fingerprints`.
+
+    :returns: upper-case fingerprints in file order; ``[]`` for text that is not an armored key.
+    """
+    try:
+        data = b"".join(_armor_blocks(armored or ""))
+    except (ValueError, binascii.Error):
+        return []
+    found = []
+    pos = 0
+    try:
+        while pos < len(data):
+            head = data[pos]
+            if not head & 0x80:
+                break
+            if head & 0x40:
+                tag = head & 0x3F
+                first = data[pos + 1]
+                if first < 192:
+                    length, pos = first, pos + 2
+                elif first < 224:
+                    length, pos = ((first - 192) << 8) + data[pos + 2] + 192, pos + 3
+                elif first == 255:
+                    length, pos = struct.unpack(">I", data[pos + 2:pos + 6])[0], pos + 6
+                else:
+                    break  # partial lengths never occur in key packets
+            else:
+                tag = (head >> 2) & 0x0F
+                size = {0: 1, 1: 2, 2: 4}.get(head & 0x03)
+                if size is None:
+                    break
+                length = int.from_bytes(data[pos + 1:pos + 1 + size], "big")
+                pos += 1 + size
+            body = data[pos:pos + length]
+            pos += length
+            if tag == 6 and body[:1] == b"\x04":
+                found.append(hashlib.sha1(b"\x99" + struct.pack(">H", len(body)) + body).hexdigest().upper())
+            elif tag == 6 and body[:1] == b"\x06":
+                found.append(hashlib.sha256(b"\x9b" + struct.pack(">I", len(body)) + body).hexdigest().upper())
+    except (IndexError, struct.error):
+        return []  # a truncated packet: not a key file gpg would read
+    return found
+
+
 def check_signing_key(colons: Optional[str], expected: Any) -> Dict[str, Any]:
     """Verify that a repository key file holds exactly the expected primary key.
 
-    :param colons: ``gpg --show-keys --with-colons`` output for the key file.
+    :param colons: ``gpg --show-keys --with-colons`` output for the key file, or the ASCII-armored
+        key file itself (read by :func:`openpgp_primary_fingerprints`).
     :param expected: the fingerprint the operator pinned (``driver_apt_key_fingerprint``).
     :returns: ``{"ok": bool, "expected": str, "found": [str], "message": str}``; ``ok`` only when
         the file holds one primary key and it is the expected one (a file that adds other keys
         is refused too: it would widen trust).
     """
     want = normalize_fingerprint(expected)
-    found = gpg_primary_fingerprints(colons)
+    if "-----BEGIN PGP PUBLIC KEY BLOCK" in (colons or ""):
+        found = openpgp_primary_fingerprints(colons)
+    else:
+        found = gpg_primary_fingerprints(colons)
     ok = bool(want) and found == [want]
     if ok:
         message = "repository key %s verified" % want
