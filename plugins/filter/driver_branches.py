@@ -100,7 +100,7 @@ def driver_distribution(facts):
     facts = facts or {}
     try:
         return distributions.distribution_id(facts.get("distribution"), facts.get("distribution_major_version"),
-                                  facts.get("distribution_version"))
+                                             facts.get("distribution_version"))
     except distributions.PlanError as exc:
         raise AnsibleFilterError(exc.message)
 
@@ -142,8 +142,8 @@ def driver_repository(distribution, url=None, fingerprint=None, suite="/", compo
     """Repository files for a distribution: apt sources line and keyring, or the dnf .repo file."""
     try:
         return repository.repository_config(distribution, url=url or None, fingerprint=fingerprint or None,
-                                           suite=suite or "/", components=components or [],
-                                           fingerprint_in_sources=bool(fingerprint_in_sources))
+                                            suite=suite or "/", components=components or [],
+                                            fingerprint_in_sources=bool(fingerprint_in_sources))
     except distributions.PlanError as exc:
         raise AnsibleFilterError(exc.message)
 

@@ -82,7 +82,7 @@ def apt_origin_preferences(origin_pin: str = DEFAULT_ORIGIN_PIN) -> str:
 
 
 def plan_apt(distribution, branch, version, packages, inst, held_names, removals, origin_pin,
-              current_preferences):
+             current_preferences):
     """The apt half of :func:`package_transaction.plan_transaction`: install specs, holds, pin files, steps.
 
     :param packages: the set with the versions picked (``plan_transaction``'s ``packages``).

@@ -25,7 +25,7 @@ DNF_KERNEL_EXCLUDES = ["kernel", "kernel-core", "kernel-modules", "kernel-module
 
 
 def plan_dnf(distribution, branch, version, kernel_module_type, packages, inst, removals,
-              current_stream, locked):
+             current_stream, locked):
     """The dnf half of :func:`package_transaction.plan_transaction`: stream, swap, installs, locks, steps.
 
     :param packages: the set with the versions picked; :param inst: installed records by name.

@@ -171,10 +171,10 @@ def plan_transaction(distribution: str, branch: str, version: str, kernel_module
 
     if pm == "apt":
         plan = plan_apt(distribution, branch, version, packages, inst, held_names, removals,
-                         origin_pin, current_preferences)
+                        origin_pin, current_preferences)
     else:
         plan = plan_dnf(distribution, branch, version, kernel_module_type, packages, inst, removals,
-                         current_stream, locked)
+                        current_stream, locked)
     plan.update({
         "distribution": distribution,
         "package_manager": pm,

@@ -81,7 +81,7 @@ def version_probe_packages(distribution: str) -> List[str]:
 
 
 def pick_version(name: str, version: str, available: Optional[Dict[str, List[str]]],
-                  distribution: str) -> Optional[str]:
+                 distribution: str) -> Optional[str]:
     """The full package version of ``name`` whose upstream part is ``version``."""
     if available is None:
         if distribution == "debian12":

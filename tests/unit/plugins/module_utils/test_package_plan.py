@@ -183,7 +183,7 @@ def test_second_run_is_a_noop():
     first = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", available=repo)
     inst = installed(("nvidia-driver-pinning-620", "620-5"), *[(n, "620.70.06-1") for n in DEB_580])
     again = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo,
-                                current_preferences=first["preferences"]["content"])
+                                                 current_preferences=first["preferences"]["content"])
     assert again["install"] == [] and again["remove"] == [] and again["steps"] == []
     assert again["noop"] is True
 
@@ -194,7 +194,7 @@ def test_lost_hold_is_repinned_without_install():
     inst = installed(("nvidia-driver-pinning-620", "620-5"), *[(n, "620.70.06-1") for n in DEB_580])
     inst[3]["held"] = False
     plan = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo,
-                               current_preferences=first["preferences"]["content"])
+                                                current_preferences=first["preferences"]["content"])
     assert plan["install"] == [] and plan["changes"]["repin"] is True
     assert [s["name"] for s in plan["steps"]] == ["write the origin pin", "write the pin file", "hold the driver set"]
 
@@ -313,7 +313,7 @@ def test_case_21_stream_switch_resets_first():
     locks = ["%s-3:580.126.20-1.el9.*" % n for n in names("rhel9", "580", "open")]
     repo = {n: ["3:580.126.20-1.el9", "3:620.70.06-1.el9"] for n in names("rhel9", "620", "open")}
     plan = package_transaction.plan_transaction("rhel9", "620", "620.70.06", "open", installed=inst, available=repo,
-                               current_stream="580-open", locked=locks)
+                                                current_stream="580-open", locked=locks)
     steps = [s["argv"][:5] for s in plan["steps"]]
     assert steps[0][:3] == ["dnf", "versionlock", "delete"]
     assert steps[1] == ["dnf", "-y", "module", "reset", "nvidia-driver"]
@@ -337,7 +337,7 @@ def test_case_21_precompiled_kmod_swapped_explicitly():
     assert plan["changes"]["flavour_change"] is True
     assert step(plan, "reset the module stream")["argv"] == ["dnf", "-y", "module", "reset", "nvidia-driver"]
     depsolve = package_failures.classify_dnf_failure(case("21-dnf-module-stream-switch-and-kmod-conflict",
-                                            "input-stackhpc-496-depsolve.txt"))
+                                                          "input-stackhpc-496-depsolve.txt"))
     assert depsolve["kind"] == "depsolve_conflict"
     assert depsolve["packages"] == ["cuda-12-6-12.6.3-1.x86_64", "cuda-runtime-12-6 >= 12.6.3"]
 
@@ -361,7 +361,7 @@ def test_case_20_kernel_held_for_missing_precompiled_kmod_is_expected():
     assert v["candidate_kernel"] == "4.18.0-553.16.1.el8_10"
     assert len(v["excluded_packages"]) == 17
     v = package_failures.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod",
-                                         "input-nvidia-plugin-12-security-upgrade.txt"))
+                                                       "input-nvidia-plugin-12-security-upgrade.txt"))
     assert v["verdict"] == "kernel_blocker_failure"
     assert v["error_text"] == "local variable 'kmod_pkg_name' referenced before assignment"
 
@@ -386,17 +386,17 @@ def test_case_24_no_module_for_running_kernel():
 
 def test_kernel_hold_packages_debian_and_ubuntu():
     deb = kernel_hold.kernel_hold_packages("6.1.0-28-amd64", ["linux-image-6.1.0-28-amd64", "linux-image-amd64",
-                                                     "linux-headers-6.1.0-28-amd64", "linux-headers-6.1.0-28-common",
-                                                     "linux-headers-amd64", "linux-kbuild-6.1", "nvidia-smi"])
+                                                              "linux-headers-6.1.0-28-amd64", "linux-headers-6.1.0-28-common",
+                                                              "linux-headers-amd64", "linux-kbuild-6.1", "nvidia-smi"])
     assert deb["hold"] == ["linux-headers-6.1.0-28-amd64", "linux-headers-6.1.0-28-common", "linux-headers-amd64",
                            "linux-image-6.1.0-28-amd64", "linux-image-amd64", "linux-kbuild-6.1"]
     ubu = kernel_hold.kernel_hold_packages("6.8.0-45-generic", ["linux-image-6.8.0-45-generic", "linux-modules-6.8.0-45-generic",
-                                                       "linux-generic", "linux-image-generic", "linux-headers-generic",
-                                                       "linux-image-6.8.0-40-generic"])
+                                                                "linux-generic", "linux-image-generic", "linux-headers-generic",
+                                                                "linux-image-6.8.0-40-generic"])
     assert ubu["hold"] == ["linux-generic", "linux-headers-generic", "linux-image-6.8.0-45-generic",
                            "linux-image-generic", "linux-modules-6.8.0-45-generic"]
     rhel = kernel_hold.kernel_hold_packages("5.14.0-427.13.1.el9_4.x86_64", ["kernel", "kernel-core", "kernel-modules", "bash"],
-                                   "dnf")
+                                            "dnf")
     assert rhel["versionlock"] == ["kernel-5.14.0-427.13.1.el9_4", "kernel-core-5.14.0-427.13.1.el9_4",
                                    "kernel-modules-5.14.0-427.13.1.el9_4"]
 
@@ -421,7 +421,7 @@ def test_dpkg_records_feed_the_plan():
             "hi  libnvidia-ml1   580.126.20-1 amd64        NVML\n"
             "hi  nvidia-smi      580.126.20-1 amd64        smi\n")
     plan = package_transaction.plan_transaction("debian12", "580", "580.159.03", "open", installed=parse_dpkg_l(dpkg),
-                               available=debian_repo("580.126.20", "580.159.03"))
+                                                available=debian_repo("580.126.20", "580.159.03"))
     assert plan["current_version"] == "580.126.20"
     assert plan["unhold"] == ["libnvidia-ml1", "nvidia-smi"]
 
@@ -430,7 +430,7 @@ def test_local_facts_history_and_last_known_good():
     facts = driver_local_facts.update_local_facts(None, "580.126.20", "580", "2026-11-29T10:00:00Z", "install")
     assert facts["current"]["version"] == "580.126.20" and facts["last_known_good"] is None
     facts = driver_local_facts.update_local_facts(facts, "580.126.20", "580", "2026-11-29T11:00:00Z", "known_good",
-                                  verified_good="580.126.20")
+                                                  verified_good="580.126.20")
     assert facts["last_known_good"]["version"] == "580.126.20"
     facts = driver_local_facts.update_local_facts(facts, "620.70.06", "620", "2026-11-30T10:00:00Z", "branch_change")
     assert facts["current"]["version"] == "620.70.06"
@@ -494,7 +494,7 @@ def test_a_failed_transaction_leaves_held_packages_that_are_not_installed_and_th
     packages = parse_dpkg_l(dpkg)
     assert [p["installed"] for p in packages if p["name"] == "nvidia-driver-pinning-580"] == [False]
     plan = package_transaction.plan_transaction("debian12", "580", "580.126.20", "open", installed=packages,
-                               available=debian_repo("580.126.20", "620.82.01"))
+                                                available=debian_repo("580.126.20", "620.82.01"))
     assert plan["unhold"] == ["nvidia-driver-pinning-580"]
     assert step(plan, "release holds")["argv"] == ["apt-mark", "unhold", "nvidia-driver-pinning-580"]
     assert "nvidia-driver-pinning-580=580-5" in step(plan, "install the driver set")["argv"]
