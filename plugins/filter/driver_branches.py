@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Controller-side filters for NVIDIA driver branches, versions and CUDA compatibility.
 
-Thin wrappers over ``module_utils.branch_catalog`` and ``module_utils.package_plan``; each
+Thin wrappers over ``module_utils.branch_catalog`` and the driver package modules of ``module_utils``; each
 filter's documentation is in the ``<filter>.yml`` file beside this one.
 """
 
@@ -14,7 +14,11 @@ import datetime
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog as bc
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_plan as pp
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_local_facts as local_facts
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_repository as repository
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_hold
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_failures
 
 
 def _catalog(catalog):
@@ -95,44 +99,52 @@ def driver_distribution(facts):
     """``ansible_facts`` → ``debian12``, ``ubuntu2204``, ``ubuntu2404``, ``rhel8`` or ``rhel9``."""
     facts = facts or {}
     try:
-        return pp.distribution_id(facts.get("distribution"), facts.get("distribution_major_version"),
-                                  facts.get("distribution_version"))
-    except pp.PlanError as exc:
+        return distributions.distribution_id(facts.get("distribution"), facts.get("distribution_major_version"),
+                                             facts.get("distribution_version"))
+    except distributions.PlanError as exc:
         raise AnsibleFilterError(exc.message)
 
 
 def driver_apt_failure(result):
     """Classify a failed apt-get result (``rc``, ``stdout``, ``stderr``): field case 18."""
     result = result or {}
-    return pp.classify_apt_failure(result.get("rc"), result.get("stdout", ""), result.get("stderr", ""))
+    return package_failures.classify_apt_failure(result.get("rc"), result.get("stdout", ""), result.get("stderr", ""))
 
 
 def driver_signing_key(colons, fingerprint):
     """Check ``gpg --show-keys --with-colons`` output against the pinned fingerprint."""
-    return pp.check_signing_key(colons, fingerprint)
+    return repository.check_signing_key(colons, fingerprint)
 
 
 def driver_local_facts(previous, version, branch, when, action, verified_good=None, kernel_module_type=None,
                        history_limit=50):
     """Next content of the driver's local facts: current, previous, last known-good, history."""
-    return pp.update_local_facts(previous or {}, str(version), str(branch), str(when), str(action),
-                                 verified_good=verified_good or None, history_limit=int(history_limit),
-                                 kernel_module_type=kernel_module_type)
+    return local_facts.update_local_facts(previous or {}, str(version), str(branch), str(when), str(action),
+                                          verified_good=verified_good or None, history_limit=int(history_limit),
+                                          kernel_module_type=kernel_module_type)
+
+
+def driver_next_local_facts(previous, target, branch, kernel_module_type, action, loaded, state, mark_known_good,
+                            when, history_limit=50):
+    """What the driver role records after its transaction (see driver_local_facts.next_local_facts)."""
+    return local_facts.next_local_facts(previous or {}, str(target), str(branch), kernel_module_type, str(action),
+                                        loaded or None, state or None, bool(mark_known_good), str(when),
+                                        int(history_limit))
 
 
 def driver_unattended_upgrades_config(extra=None):
     """apt.conf snippet: Unattended-Upgrade::Package-Blacklist for the kernel and NVIDIA packages."""
-    return pp.unattended_upgrades_config(extra or [])
+    return kernel_hold.unattended_upgrades_config(extra or [])
 
 
 def driver_repository(distribution, url=None, fingerprint=None, suite="/", components=None,
                       fingerprint_in_sources=True):
     """Repository files for a distribution: apt sources line and keyring, or the dnf .repo file."""
     try:
-        return pp.repository_config(distribution, url=url or None, fingerprint=fingerprint or None,
-                                    suite=suite or "/", components=components or [],
-                                    fingerprint_in_sources=bool(fingerprint_in_sources))
-    except pp.PlanError as exc:
+        return repository.repository_config(distribution, url=url or None, fingerprint=fingerprint or None,
+                                            suite=suite or "/", components=components or [],
+                                            fingerprint_in_sources=bool(fingerprint_in_sources))
+    except distributions.PlanError as exc:
         raise AnsibleFilterError(exc.message)
 
 
@@ -140,12 +152,12 @@ def driver_verify_module(target_version, modinfo_output, running_kernel=None):
     """Compare the module on disk for the running kernel with the driver installed (cases 23, 24)."""
     text = (modinfo_output or "").strip()
     found = text.splitlines()[0].strip() if text and bc.is_version(text.splitlines()[0].strip()) else None
-    return pp.verify_module_build(str(target_version), found, running_kernel)
+    return package_failures.verify_module_build(str(target_version), found, running_kernel)
 
 
 def driver_kernel_hold(installed, running_kernel, package_manager="apt"):
     """Kernel packages to hold for the running kernel (image, headers, meta packages)."""
-    return pp.kernel_hold_packages(str(running_kernel), installed or [], package_manager)
+    return kernel_hold.kernel_hold_packages(str(running_kernel), installed or [], package_manager)
 
 
 class FilterModule(object):
@@ -163,6 +175,7 @@ class FilterModule(object):
             "driver_apt_failure": driver_apt_failure,
             "driver_signing_key": driver_signing_key,
             "driver_local_facts": driver_local_facts,
+            "driver_next_local_facts": driver_next_local_facts,
             "driver_unattended_upgrades_config": driver_unattended_upgrades_config,
             "driver_repository": driver_repository,
             "driver_verify_module": driver_verify_module,

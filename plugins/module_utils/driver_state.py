@@ -28,9 +28,6 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import nvml_names
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_packages import is_driver_package
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version, versions_match
 
-# package_plan imports these three from here until it is split; new code imports them from
-# driver_versions and driver_packages.
-__all__ = ["driver_state", "is_driver_package", "upstream_version", "versions_match"]
 
 
 # NVML error names as pynvml spells them without the ``NVMLError_`` prefix

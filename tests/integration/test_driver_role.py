@@ -53,7 +53,7 @@ def upstream(version):
     return version.split(":", 1)[-1].rsplit("-", 1)[0]
 
 
-def run_role(simfleet, tmp_path, node, check=False, **variables):
+def run_role(simfleet, tmp_path, node, check=False, diff=False, **variables):
     playbook = tmp_path / "driver.yml"
     playbook.write_text(PLAYBOOK)
     extra = tmp_path / ("vars-%s.json" % node)
@@ -61,6 +61,8 @@ def run_role(simfleet, tmp_path, node, check=False, **variables):
     args = ["-l", node, "-e", "@%s" % extra]
     if check:
         args.append("--check")
+    if diff:
+        args.append("--diff")
     proc = simfleet.playbook(str(playbook), *args, timeout=1200)
     recap = {m.group(1): {"changed": int(m.group(3)), "failed": int(m.group(5)), "unreachable": int(m.group(4))}
              for m in RECAP.finditer(proc.stdout)}
@@ -132,11 +134,18 @@ def test_check_mode_on_a_fresh_node_shows_the_transaction_and_changes_nothing(si
     node = node_of(simfleet, "h100")
     simfleet.reset(node)
     newest = repo_branch_versions(simfleet, node, "620")[-1]
-    proc, recap = run_role(simfleet, tmp_path, node, check=True, driver_branch="ltsb")
+    proc, recap = run_role(simfleet, tmp_path, node, check=True, diff=True, driver_branch="ltsb")
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "nvidia-driver-cuda=%s-1" % newest in proc.stdout
     assert "nvidia-fabricmanager=%s-1" % newest in proc.stdout
+    # The driver_transaction module's --diff: the packages, holds and pin file as the transaction would leave them.
+    assert "+package nvidia-driver-cuda %s-1" % newest in proc.stdout
+    assert "+package nvidia-kernel-open-dkms %s-1" % newest in proc.stdout
+    assert "+hold nvidia-fabricmanager" in proc.stdout
+    assert "+  Pin: version %s-*" % newest in proc.stdout
+    assert recap["failed"] == 0 and recap["changed"] >= 1
     assert installed(simfleet, node) == {}
+    assert held(simfleet, node) == set()
     for path in ("/etc/apt/sources.list.d/gpufleet-nvidia-driver.list", "/etc/apt/preferences.d/gpufleet-nvidia-driver",
                  "/etc/apt/keyrings/gpufleet-nvidia-driver.asc", "/etc/ansible/facts.d/gpufleet_driver.fact"):
         assert simfleet.run(node, ["test", "-e", path]).returncode == 1, path

@@ -23,7 +23,7 @@ def test_filter_names():
         "driver_resolve", "cuda_min_driver", "driver_supports_cuda", "driver_branch", "driver_branch_info",
         "driver_branch_catalog", "driver_distribution", "driver_apt_failure", "driver_signing_key",
         "driver_local_facts", "driver_unattended_upgrades_config", "driver_repository", "driver_verify_module",
-        "driver_kernel_hold"])
+        "driver_kernel_hold", "driver_next_local_facts"])
 
 
 def test_driver_resolve_h100_and_v100():

@@ -9,7 +9,14 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_plan as pp
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_local_facts
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_repository
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_hold
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_failures
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_sets
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_transaction
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import repository_versions
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_on_disk import (
     kernel_release_from_uname,
     nvidia_modules_by_kernel,
@@ -51,29 +58,29 @@ def debian_repo(*versions, pins=("580", "595", "620"), extra=()):
 
 
 def test_distribution_ids():
-    assert pp.distribution_id("Debian", "12") == "debian12"
-    assert pp.distribution_id("Ubuntu", "22", "22.04") == "ubuntu2204"
-    assert pp.distribution_id("Ubuntu", "24", "24.04") == "ubuntu2404"
-    assert pp.distribution_id("Rocky", "9") == "rhel9"
-    assert pp.distribution_id("RedHat", "8") == "rhel8"
-    with pytest.raises(pp.PlanError):
-        pp.distribution_id("Debian", "11")
+    assert distributions.distribution_id("Debian", "12") == "debian12"
+    assert distributions.distribution_id("Ubuntu", "22", "22.04") == "ubuntu2204"
+    assert distributions.distribution_id("Ubuntu", "24", "24.04") == "ubuntu2404"
+    assert distributions.distribution_id("Rocky", "9") == "rhel9"
+    assert distributions.distribution_id("RedHat", "8") == "rhel8"
+    with pytest.raises(distributions.PlanError):
+        distributions.distribution_id("Debian", "11")
 
 
 def test_generations_and_pinning_packages():
-    assert pp.generation("ubuntu2204", "580") == "suffixed"
-    assert pp.generation("ubuntu2404", "590") == "unsuffixed"
-    assert pp.generation("debian12", "535") == "unsuffixed"
-    assert pp.generation("rhel9", "620") == "module-stream"
-    assert pp.pin_package_name("ubuntu2404", "580") is None
-    assert pp.pin_package_name("ubuntu2404", "595") == "nvidia-driver-pinning-595"
-    assert pp.pin_package_name("debian12", "580") == "nvidia-driver-pinning-580"
-    assert pp.pin_package_name("debian12", "570") is None
-    assert pp.pin_package_name("rhel9", "620") is None
+    assert package_sets.generation("ubuntu2204", "580") == "suffixed"
+    assert package_sets.generation("ubuntu2404", "590") == "unsuffixed"
+    assert package_sets.generation("debian12", "535") == "unsuffixed"
+    assert package_sets.generation("rhel9", "620") == "module-stream"
+    assert package_sets.pin_package_name("ubuntu2404", "580") is None
+    assert package_sets.pin_package_name("ubuntu2404", "595") == "nvidia-driver-pinning-595"
+    assert package_sets.pin_package_name("debian12", "580") == "nvidia-driver-pinning-580"
+    assert package_sets.pin_package_name("debian12", "570") is None
+    assert package_sets.pin_package_name("rhel9", "620") is None
 
 
 def names(distribution, branch, flavour, fm=False):
-    return [p["name"] for p in pp.package_set(distribution, branch, flavour, fabric_manager=fm)]
+    return [p["name"] for p in package_sets.package_set(distribution, branch, flavour, fabric_manager=fm)]
 
 
 def test_ubuntu_suffixed_up_to_r580():
@@ -101,8 +108,8 @@ def test_debian12_unsuffixed_names_and_old_fabric_manager_suffix():
 
 
 def test_rhel_streams_and_names():
-    assert pp.module_stream("580", "open") == "580-open"
-    assert pp.module_stream("580", "proprietary") == "580-dkms"
+    assert package_sets.module_stream("580", "open") == "580-open"
+    assert package_sets.module_stream("580", "proprietary") == "580-dkms"
     assert names("rhel9", "620", "open", fm=True) == [
         "nvidia-driver-cuda", "nvidia-driver-cuda-libs", "nvidia-kmod-common", "kmod-nvidia-open-dkms", "libnvidia-ml",
         "nvidia-modprobe", "nvidia-persistenced", "nvidia-fabricmanager", "libnvidia-nscq"]
@@ -120,7 +127,7 @@ def test_rhel_streams_and_names():
     ("libnvidia-ml1", "debian12", "580", "620", "libnvidia-ml1"),
 ])
 def test_rename_for_branch(name, dist, old, new, expected):
-    assert pp.rename_for_branch(name, dist, old, new) == expected
+    assert package_sets.rename_for_branch(name, dist, old, new) == expected
 
 
 # --- transactions ----------------------------------------------------------------------------
@@ -128,7 +135,7 @@ def test_rename_for_branch(name, dist, old, new, expected):
 
 def test_debian12_fresh_install_r620_with_fabric_manager():
     repo = debian_repo("580.126.20", "580.159.03", "620.70.06")
-    plan = pp.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
+    plan = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
     assert plan["install"] == ["nvidia-driver-pinning-620=620-5"] + ["%s=620.70.06-1" % n for n in DEB_580] + [
         "nvidia-fabricmanager=620.70.06-1", "libnvidia-nscq=620.70.06-1"]
     assert plan["remove"] == [] and plan["unhold"] == []
@@ -148,36 +155,36 @@ def test_fabric_manager_pinned_to_the_exact_driver_version_case_11():
         "nvidia-compute-utils-580": ["580.126.09-0ubuntu1"], "nvidia-modprobe": ["580.126.09-0ubuntu1", "590.48.01-0ubuntu1"],
         "nvidia-fabricmanager": ["580.126.09-1", "590.48.01-1"], "libnvidia-nscq": ["580.126.09-1", "590.48.01-1"],
     }
-    plan = pp.plan_transaction("ubuntu2204", "580", "580.126.09", "open", fabric_manager=True, available=repo)
+    plan = package_transaction.plan_transaction("ubuntu2204", "580", "580.126.09", "open", fabric_manager=True, available=repo)
     assert "nvidia-fabricmanager=580.126.09-1" in plan["install"]
     assert "libnvidia-nscq=580.126.09-1" in plan["install"]
     assert "nvidia-fabricmanager" in plan["hold"]
     assert "Pin: version 580.126.09-*" in plan["preferences"]["content"]
     # no FM build of the driver version in the repository: refused, never a neighbouring build
     del repo["nvidia-fabricmanager"][0]
-    with pytest.raises(pp.PlanError) as err:
-        pp.plan_transaction("ubuntu2204", "580", "580.126.09", "open", fabric_manager=True, available=repo)
+    with pytest.raises(distributions.PlanError) as err:
+        package_transaction.plan_transaction("ubuntu2204", "580", "580.126.09", "open", fabric_manager=True, available=repo)
     assert err.value.code == "not_in_repository"
     assert "nvidia-fabricmanager=580.126.09" in str(err.value)
 
 
 def test_second_run_is_a_noop():
     repo = debian_repo("620.70.06")
-    first = pp.plan_transaction("debian12", "620", "620.70.06", "open", available=repo)
+    first = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", available=repo)
     inst = installed(("nvidia-driver-pinning-620", "620-5"), *[(n, "620.70.06-1") for n in DEB_580])
-    again = pp.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo,
-                                current_preferences=first["preferences"]["content"])
+    again = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo,
+                                                 current_preferences=first["preferences"]["content"])
     assert again["install"] == [] and again["remove"] == [] and again["steps"] == []
     assert again["noop"] is True
 
 
 def test_lost_hold_is_repinned_without_install():
     repo = debian_repo("620.70.06")
-    first = pp.plan_transaction("debian12", "620", "620.70.06", "open", available=repo)
+    first = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", available=repo)
     inst = installed(("nvidia-driver-pinning-620", "620-5"), *[(n, "620.70.06-1") for n in DEB_580])
     inst[3]["held"] = False
-    plan = pp.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo,
-                               current_preferences=first["preferences"]["content"])
+    plan = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo,
+                                                current_preferences=first["preferences"]["content"])
     assert plan["install"] == [] and plan["changes"]["repin"] is True
     assert [s["name"] for s in plan["steps"]] == ["write the origin pin", "write the pin file", "hold the driver set"]
 
@@ -185,7 +192,7 @@ def test_lost_hold_is_repinned_without_install():
 def test_minor_update_within_branch():
     repo = debian_repo("580.126.20", "580.159.03")
     inst = installed(("nvidia-driver-pinning-580", "580-5"), *[(n, "580.126.20-1") for n in DEB_580])
-    plan = pp.plan_transaction("debian12", "580", "580.159.03", "open", installed=inst, available=repo)
+    plan = package_transaction.plan_transaction("debian12", "580", "580.159.03", "open", installed=inst, available=repo)
     assert plan["install"] == ["%s=580.159.03-1" % n for n in DEB_580]
     assert plan["changes"]["upgrade"] and not plan["changes"]["branch_change"]
     assert step(plan, "release holds")["argv"][:2] == ["apt-mark", "unhold"]
@@ -196,7 +203,7 @@ def test_minor_update_within_branch():
 def test_branch_change_580_to_620_replaces_the_pinning_package():
     repo = debian_repo("580.126.20", "620.70.06")
     inst = installed(("nvidia-driver-pinning-580", "580-5"), *[(n, "580.126.20-1") for n in DEB_580])
-    plan = pp.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo)
+    plan = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", installed=inst, available=repo)
     assert plan["install"][0] == "nvidia-driver-pinning-620=620-5"
     assert plan["remove"] == ["nvidia-driver-pinning-580"]
     argv = step(plan, "install the driver set")["argv"]
@@ -208,7 +215,7 @@ def test_branch_change_580_to_620_replaces_the_pinning_package():
 def test_downgrade_620_to_580_allows_downgrades():
     repo = debian_repo("580.126.20", "620.70.06")
     inst = installed(("nvidia-driver-pinning-620", "620-5"), *[(n, "620.70.06-1") for n in DEB_580])
-    plan = pp.plan_transaction("debian12", "580", "580.126.20", "open", installed=inst, available=repo)
+    plan = package_transaction.plan_transaction("debian12", "580", "580.126.20", "open", installed=inst, available=repo)
     argv = step(plan, "install the driver set")["argv"]
     assert "--allow-downgrades" in argv
     assert "libnvidia-ml1=580.126.20-1" in argv and "nvidia-driver-pinning-620-" in argv
@@ -220,7 +227,7 @@ def test_flavour_change_removes_the_other_kernel_package():
     repo = debian_repo("580.126.20")
     inst = installed(*[(n, "580.126.20-1") for n in DEB_580 if n != "nvidia-kernel-open-dkms"] +
                      [("nvidia-kernel-dkms", "580.126.20-1"), ("nvidia-driver-pinning-580", "580-5")])
-    plan = pp.plan_transaction("debian12", "580", "580.126.20", "open", installed=inst, available=repo)
+    plan = package_transaction.plan_transaction("debian12", "580", "580.126.20", "open", installed=inst, available=repo)
     assert plan["install"] == ["nvidia-kernel-open-dkms=580.126.20-1"]
     assert plan["remove"] == ["nvidia-kernel-dkms"]
     assert plan["changes"]["flavour_change"] is True
@@ -232,11 +239,11 @@ def test_case_17_every_nvidia_package_held_and_blacklisted():
     inst = installed(("libnvidia-compute-580", "580.126.09-0ubuntu1"), ("libnvidia-common-580", "580.126.09-0ubuntu1"),
                      held=False)
     repo = {n: ["580.126.20-1ubuntu1"] for n in names("ubuntu2204", "580", "open") + ["libnvidia-common-580"]}
-    plan = pp.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
+    plan = package_transaction.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
     assert "libnvidia-common-580=580.126.20-1ubuntu1" in plan["install"]
     assert "libnvidia-common-580" in plan["hold"] and "libnvidia-compute-580" in plan["hold"]
     assert "Package: nvidia-* libnvidia-* libcuda*" in plan["preferences"]["content"]
-    conf = pp.unattended_upgrades_config()
+    conf = kernel_hold.unattended_upgrades_config()
     assert '    "libnvidia-";' in conf and '    "nvidia-";' in conf and '    "linux-image-";' in conf
     assert conf.splitlines()[2] == "Unattended-Upgrade::Package-Blacklist {"
 
@@ -245,14 +252,14 @@ def test_case_18_branch_change_requests_the_whole_new_branch_and_origin_pin():
     """Field case 18: 450 → 460 must request every 460 package the 450 set had, holds released first."""
     for name in ("input-pr11-cuda-drivers-pin.txt", "input-pr33-branch-450-to-460.txt"):
         text = case("18-apt-held-broken-packages-driver-upgrade-ansible", name)
-        verdict = pp.classify_apt_failure(100, text, "E: Unable to correct problems, you have held broken packages.")
+        verdict = package_failures.classify_apt_failure(100, text, "E: Unable to correct problems, you have held broken packages.")
         assert (verdict["kind"], verdict["retry"]) == ("dependency_conflict", False)
     inst = installed(("libnvidia-compute-570", "570.172.08-0ubuntu1"), ("nvidia-dkms-570-open", "570.172.08-0ubuntu1"),
                      ("nvidia-utils-570", "570.172.08-0ubuntu1"), ("libnvidia-decode-570", "570.172.08-0ubuntu1"),
                      ("nvidia-headless-no-dkms-570-open", "570.172.08-0ubuntu1"))
     repo = {n: ["580.126.20-1ubuntu1"] for n in names("ubuntu2204", "580", "open") +
             ["libnvidia-decode-580", "nvidia-headless-no-dkms-580-open"]}
-    plan = pp.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
+    plan = package_transaction.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
     assert "libnvidia-decode-580=580.126.20-1ubuntu1" in plan["install"]
     assert "nvidia-headless-no-dkms-580-open=580.126.20-1ubuntu1" in plan["install"]
     assert sorted(plan["remove"]) == sorted(p["name"] for p in inst)
@@ -264,14 +271,14 @@ def test_case_18_branch_change_requests_the_whole_new_branch_and_origin_pin():
 def test_case_18_package_without_counterpart_is_removed_not_left_behind():
     inst = installed(("libnvidia-compute-570", "570.172.08-0ubuntu1"), ("libnvidia-extra-570", "570.172.08-0ubuntu1"))
     repo = {n: ["580.126.20-1ubuntu1"] for n in names("ubuntu2204", "580", "open")}
-    plan = pp.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
+    plan = package_transaction.plan_transaction("ubuntu2204", "580", "580.126.20", "open", installed=inst, available=repo)
     assert "libnvidia-extra-570" in plan["remove"]
     assert not any(i.startswith("libnvidia-extra") for i in plan["install"])
 
 
 def test_rhel9_fresh_install_enables_stream_and_locks_versions():
     repo = {n: ["3:620.70.06-1.el9"] for n in names("rhel9", "620", "open", fm=True)}
-    plan = pp.plan_transaction("rhel9", "620", "620.70.06", "open", fabric_manager=True, available=repo)
+    plan = package_transaction.plan_transaction("rhel9", "620", "620.70.06", "open", fabric_manager=True, available=repo)
     argvs = [s["argv"] for s in plan["steps"]]
     assert argvs[0] == ["dnf", "-y", "module", "enable", "nvidia-driver:620-open"]
     assert argvs[1][-10:] == ["install"] + ["%s-620.70.06" % n for n in names("rhel9", "620", "open", fm=True)]
@@ -285,13 +292,13 @@ def test_rhel9_fresh_install_enables_stream_and_locks_versions():
 def test_case_21_stream_switch_resets_first():
     """Field case 21: switching nvidia-driver streams is refused by dnf unless the module is reset first."""
     text = case("21-dnf-module-stream-switch-and-kmod-conflict", "input-instructlab-3222-stream-switch.txt")
-    verdict = pp.classify_dnf_failure(text)
+    verdict = package_failures.classify_dnf_failure(text)
     assert (verdict["kind"], verdict["from_stream"], verdict["to_stream"]) == ("stream_switch_refused", "XXX", "570-open")
     inst = [{"name": n, "version": "3:580.126.20-1.el9", "installed": True} for n in names("rhel9", "580", "open")]
     locks = ["%s-3:580.126.20-1.el9.*" % n for n in names("rhel9", "580", "open")]
     repo = {n: ["3:580.126.20-1.el9", "3:620.70.06-1.el9"] for n in names("rhel9", "620", "open")}
-    plan = pp.plan_transaction("rhel9", "620", "620.70.06", "open", installed=inst, available=repo,
-                               current_stream="580-open", locked=locks)
+    plan = package_transaction.plan_transaction("rhel9", "620", "620.70.06", "open", installed=inst, available=repo,
+                                                current_stream="580-open", locked=locks)
     steps = [s["argv"][:5] for s in plan["steps"]]
     assert steps[0][:3] == ["dnf", "versionlock", "delete"]
     assert steps[1] == ["dnf", "-y", "module", "reset", "nvidia-driver"]
@@ -301,28 +308,28 @@ def test_case_21_stream_switch_resets_first():
 
 def test_case_21_precompiled_kmod_swapped_explicitly():
     text = case("21-dnf-module-stream-switch-and-kmod-conflict", "input-precompiled-kmod-50-dkms-vs-precompiled.txt")
-    verdict = pp.classify_dnf_failure(text)
+    verdict = package_failures.classify_dnf_failure(text)
     assert verdict["kind"] == "flavour_conflict"
     assert verdict["packages"] == ["kmod-nvidia-555.42.02-4.18.0-553.5.1-3:555.42.02-3.el8_10.x86_64",
                                    "kmod-nvidia-latest-dkms-3:555.42.02-1.el8.x86_64"]
     inst = [{"name": "kmod-nvidia-555.42.02-4.18.0-553.5.1", "version": "3:555.42.02-3.el8_10", "installed": True},
             {"name": "nvidia-driver-cuda", "version": "3:555.42.02-1.el8", "installed": True}]
-    plan = pp.plan_transaction("rhel8", "580", "580.126.20", "proprietary", installed=inst, current_stream="555")
+    plan = package_transaction.plan_transaction("rhel8", "580", "580.126.20", "proprietary", installed=inst, current_stream="555")
     assert plan["swap"] == [["kmod-nvidia-555.42.02-4.18.0-553.5.1", "kmod-nvidia-latest-dkms-580.126.20"]]
     swap_step = step(plan, "swap the kernel module flavour")["argv"]
     assert swap_step[-3:] == ["swap", "kmod-nvidia-555.42.02-4.18.0-553.5.1", "kmod-nvidia-latest-dkms-580.126.20"]
     assert not any("--allowerasing" in s.get("argv", []) for s in plan["steps"])
     assert plan["changes"]["flavour_change"] is True
     assert step(plan, "reset the module stream")["argv"] == ["dnf", "-y", "module", "reset", "nvidia-driver"]
-    depsolve = pp.classify_dnf_failure(case("21-dnf-module-stream-switch-and-kmod-conflict",
-                                            "input-stackhpc-496-depsolve.txt"))
+    depsolve = package_failures.classify_dnf_failure(case("21-dnf-module-stream-switch-and-kmod-conflict",
+                                                          "input-stackhpc-496-depsolve.txt"))
     assert depsolve["kind"] == "depsolve_conflict"
     assert depsolve["packages"] == ["cuda-12-6-12.6.3-1.x86_64", "cuda-runtime-12-6 >= 12.6.3"]
 
 
 def test_rhel_downgrade_uses_dnf_downgrade():
     inst = [{"name": n, "version": "3:620.70.06-1.el9", "installed": True} for n in names("rhel9", "620", "open")]
-    plan = pp.plan_transaction("rhel9", "580", "580.126.20", "open", installed=inst, current_stream="620-open")
+    plan = package_transaction.plan_transaction("rhel9", "580", "580.126.20", "open", installed=inst, current_stream="620-open")
     dg = step(plan, "downgrade the driver set")["argv"]
     assert dg[-len(names("rhel9", "580", "open")):] == ["%s-580.126.20" % n for n in names("rhel9", "580", "open")]
     assert plan["changes"]["downgrade"] is True
@@ -330,51 +337,51 @@ def test_rhel_downgrade_uses_dnf_downgrade():
 
 def test_case_20_kernel_held_for_missing_precompiled_kmod_is_expected():
     """Field case 20: dnf skipped kernel 4.18.0-348.23.1.el8_5 for want of kmod-nvidia-510.47.03-... : expected."""
-    v = pp.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod", "input-kmod-33-dnf-update.txt"))
+    v = package_failures.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod", "input-kmod-33-dnf-update.txt"))
     assert v["verdict"] == "kernel_held_expected"
     assert (v["driver_version"], v["candidate_kernel"], v["kmod_package"]) == (
         "510.47.03", "4.18.0-348.23.1.el8_5", "kmod-nvidia-510.47.03-4.18.0-348.23.1")
-    v = pp.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod", "input-kmod-53-dnf-nvidia-plugin.txt"))
+    v = package_failures.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod", "input-kmod-53-dnf-nvidia-plugin.txt"))
     assert v["verdict"] == "kernel_held_expected"
     assert v["candidate_kernel"] == "4.18.0-553.16.1.el8_10"
     assert len(v["excluded_packages"]) == 17
-    v = pp.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod",
-                                         "input-nvidia-plugin-12-security-upgrade.txt"))
+    v = package_failures.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod",
+                                                       "input-nvidia-plugin-12-security-upgrade.txt"))
     assert v["verdict"] == "kernel_blocker_failure"
     assert v["error_text"] == "local variable 'kmod_pkg_name' referenced before assignment"
 
 
 def test_case_23_module_on_disk_older_than_userspace_is_broken():
     modinfo = parse_modinfo(case("23-dkms-module-older-than-userspace-api-mismatch", "input-nvidia-all-394-modinfo.txt"))
-    v = pp.verify_module_build("595.84", modinfo["on_disk_version"], modinfo["kernel_release"])
+    v = package_failures.verify_module_build("595.84", modinfo["on_disk_version"], modinfo["kernel_release"])
     assert (v["verdict"], v["found"], v["running_kernel"]) == ("broken", "595.80", "7.0.12-zen1-1-zen")
     assert "a reboot would load the wrong module" in v["message"]
-    assert pp.verify_module_build("595.71.05", "595.58.03")["verdict"] == "broken"
-    assert pp.verify_module_build("620.70.06", "620.70.06")["verdict"] == "ok"
+    assert package_failures.verify_module_build("595.71.05", "595.58.03")["verdict"] == "broken"
+    assert package_failures.verify_module_build("620.70.06", "620.70.06")["verdict"] == "ok"
 
 
 def test_case_24_no_module_for_running_kernel():
     text = case("24-no-module-for-running-kernel-after-kernel-update", "input.txt")
     running = kernel_release_from_uname([line for line in text.splitlines() if line.startswith("Linux ")][0])
     modules = nvidia_modules_by_kernel(text)
-    v = pp.verify_module_build("375.39", None, running, modules)
+    v = package_failures.verify_module_build("375.39", None, running, modules)
     assert v["verdict"] == "not_built_for_running_kernel"
     assert (v["running_kernel"], v["module_present_for"]) == ("3.13.0-116-generic", ["3.13.0-88-generic"])
 
 
 def test_kernel_hold_packages_debian_and_ubuntu():
-    deb = pp.kernel_hold_packages("6.1.0-28-amd64", ["linux-image-6.1.0-28-amd64", "linux-image-amd64",
-                                                     "linux-headers-6.1.0-28-amd64", "linux-headers-6.1.0-28-common",
-                                                     "linux-headers-amd64", "linux-kbuild-6.1", "nvidia-smi"])
+    deb = kernel_hold.kernel_hold_packages("6.1.0-28-amd64", ["linux-image-6.1.0-28-amd64", "linux-image-amd64",
+                                                              "linux-headers-6.1.0-28-amd64", "linux-headers-6.1.0-28-common",
+                                                              "linux-headers-amd64", "linux-kbuild-6.1", "nvidia-smi"])
     assert deb["hold"] == ["linux-headers-6.1.0-28-amd64", "linux-headers-6.1.0-28-common", "linux-headers-amd64",
                            "linux-image-6.1.0-28-amd64", "linux-image-amd64", "linux-kbuild-6.1"]
-    ubu = pp.kernel_hold_packages("6.8.0-45-generic", ["linux-image-6.8.0-45-generic", "linux-modules-6.8.0-45-generic",
-                                                       "linux-generic", "linux-image-generic", "linux-headers-generic",
-                                                       "linux-image-6.8.0-40-generic"])
+    ubu = kernel_hold.kernel_hold_packages("6.8.0-45-generic", ["linux-image-6.8.0-45-generic", "linux-modules-6.8.0-45-generic",
+                                                                "linux-generic", "linux-image-generic", "linux-headers-generic",
+                                                                "linux-image-6.8.0-40-generic"])
     assert ubu["hold"] == ["linux-generic", "linux-headers-generic", "linux-image-6.8.0-45-generic",
                            "linux-image-generic", "linux-modules-6.8.0-45-generic"]
-    rhel = pp.kernel_hold_packages("5.14.0-427.13.1.el9_4.x86_64", ["kernel", "kernel-core", "kernel-modules", "bash"],
-                                   "dnf")
+    rhel = kernel_hold.kernel_hold_packages("5.14.0-427.13.1.el9_4.x86_64", ["kernel", "kernel-core", "kernel-modules", "bash"],
+                                            "dnf")
     assert rhel["versionlock"] == ["kernel-5.14.0-427.13.1.el9_4", "kernel-core-5.14.0-427.13.1.el9_4",
                                    "kernel-modules-5.14.0-427.13.1.el9_4"]
 
@@ -383,13 +390,13 @@ def test_madison_and_dnf_list_parsers():
     madison = ("nvidia-driver-cuda | 620.70.06-1 | http://127.0.0.1:8080 ./ Packages\n"
                "nvidia-driver-cuda | 580.126.20-1 | http://127.0.0.1:8080 ./ Packages\n"
                "libnvidia-ml1 | 580.126.20-1 | http://127.0.0.1:8080 ./ Packages\n")
-    found = pp.parse_apt_cache_madison(madison)
+    found = repository_versions.parse_apt_cache_madison(madison)
     assert found["nvidia-driver-cuda"] == ["620.70.06-1", "580.126.20-1"]
-    assert pp.driver_versions_available(found, ["libnvidia-ml1", "nvidia-driver-cuda"]) == ["580.126.20", "620.70.06"]
+    assert repository_versions.driver_versions_available(found, ["libnvidia-ml1", "nvidia-driver-cuda"]) == ["580.126.20", "620.70.06"]
     dnf = ("Available Packages\n"
            "nvidia-driver-cuda.x86_64   3:580.126.20-1.el9   cuda-rhel9-x86_64\n"
            "nvidia-driver-cuda.x86_64   3:620.70.06-1.el9    cuda-rhel9-x86_64\n")
-    assert pp.parse_dnf_list(dnf) == {"nvidia-driver-cuda": ["3:580.126.20-1.el9", "3:620.70.06-1.el9"]}
+    assert repository_versions.parse_dnf_list(dnf) == {"nvidia-driver-cuda": ["3:580.126.20-1.el9", "3:620.70.06-1.el9"]}
 
 
 def test_dpkg_records_feed_the_plan():
@@ -398,26 +405,26 @@ def test_dpkg_records_feed_the_plan():
             "+++-===============-============-============-=================\n"
             "hi  libnvidia-ml1   580.126.20-1 amd64        NVML\n"
             "hi  nvidia-smi      580.126.20-1 amd64        smi\n")
-    plan = pp.plan_transaction("debian12", "580", "580.159.03", "open", installed=parse_dpkg_l(dpkg),
-                               available=debian_repo("580.126.20", "580.159.03"))
+    plan = package_transaction.plan_transaction("debian12", "580", "580.159.03", "open", installed=parse_dpkg_l(dpkg),
+                                                available=debian_repo("580.126.20", "580.159.03"))
     assert plan["current_version"] == "580.126.20"
     assert plan["unhold"] == ["libnvidia-ml1", "nvidia-smi"]
 
 
 def test_local_facts_history_and_last_known_good():
-    facts = pp.update_local_facts(None, "580.126.20", "580", "2026-11-29T10:00:00Z", "install")
+    facts = driver_local_facts.update_local_facts(None, "580.126.20", "580", "2026-11-29T10:00:00Z", "install")
     assert facts["current"]["version"] == "580.126.20" and facts["last_known_good"] is None
-    facts = pp.update_local_facts(facts, "580.126.20", "580", "2026-11-29T11:00:00Z", "known_good",
-                                  verified_good="580.126.20")
+    facts = driver_local_facts.update_local_facts(facts, "580.126.20", "580", "2026-11-29T11:00:00Z", "known_good",
+                                                  verified_good="580.126.20")
     assert facts["last_known_good"]["version"] == "580.126.20"
-    facts = pp.update_local_facts(facts, "620.70.06", "620", "2026-11-30T10:00:00Z", "branch_change")
+    facts = driver_local_facts.update_local_facts(facts, "620.70.06", "620", "2026-11-30T10:00:00Z", "branch_change")
     assert facts["current"]["version"] == "620.70.06"
     assert facts["previous"]["version"] == "580.126.20"
     assert facts["last_known_good"]["version"] == "580.126.20"
     assert [(h["action"], h["from"], h["to"]) for h in facts["history"]] == [
         ("install", None, "580.126.20"), ("known_good", "580.126.20", "580.126.20"),
         ("branch_change", "580.126.20", "620.70.06")]
-    same = pp.update_local_facts(facts, "620.70.06", "620", "2026-11-30T11:00:00Z", "install")
+    same = driver_local_facts.update_local_facts(facts, "620.70.06", "620", "2026-11-30T11:00:00Z", "install")
     assert same["history"] == facts["history"]
 
 
@@ -432,7 +439,7 @@ def test_local_facts_history_and_last_known_good():
      "gpufleet-nvidia-driver.asc,EB693B3035CD5710E231E123A4B469963BF863CC] http://mirror.example/cuda/ubuntu2404/x86_64/ /"),
 ])
 def test_apt_repository_config(dist, url, line):
-    cfg = pp.repository_config(dist, url=url)
+    cfg = driver_repository.repository_config(dist, url=url)
     assert cfg["sources_content"].splitlines()[1] == line
     assert "trusted=yes" not in cfg["sources_content"]
     assert cfg["key_url"].endswith("/3bf863cc.pub")
@@ -440,7 +447,7 @@ def test_apt_repository_config(dist, url, line):
 
 @pytest.mark.parametrize("dist", ["rhel8", "rhel9"])
 def test_dnf_repository_config(dist):
-    cfg = pp.repository_config(dist)
+    cfg = driver_repository.repository_config(dist)
     assert cfg["fingerprint"] == "610C7B14E068A878070DA4E99CD0A493D42D0685"
     assert cfg["key_url"] == "https://developer.download.nvidia.com/compute/cuda/repos/%s/x86_64/D42D0685.pub" % dist
     assert "baseurl=https://developer.download.nvidia.com/compute/cuda/repos/%s/x86_64/\n" % dist in cfg["repo_content"]
@@ -450,12 +457,12 @@ def test_dnf_repository_config(dist):
 def test_nscq_is_skipped_where_the_repository_lacks_it():
     repo = debian_repo("620.70.06")
     del repo["libnvidia-nscq"]
-    plan = pp.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
+    plan = package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
     assert "nvidia-fabricmanager=620.70.06-1" in plan["install"]
     assert plan["skipped"] == ["libnvidia-nscq"]
     del repo["nvidia-fabricmanager"]
-    with pytest.raises(pp.PlanError):
-        pp.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
+    with pytest.raises(distributions.PlanError):
+        package_transaction.plan_transaction("debian12", "620", "620.70.06", "open", fabric_manager=True, available=repo)
 
 
 def test_a_failed_transaction_leaves_held_packages_that_are_not_installed_and_the_rollback_releases_them():
@@ -471,8 +478,8 @@ def test_a_failed_transaction_leaves_held_packages_that_are_not_installed_and_th
             "hi  linux-image-amd64          6.1.158-1    amd64        kernel\n")
     packages = parse_dpkg_l(dpkg)
     assert [p["installed"] for p in packages if p["name"] == "nvidia-driver-pinning-580"] == [False]
-    plan = pp.plan_transaction("debian12", "580", "580.126.20", "open", installed=packages,
-                               available=debian_repo("580.126.20", "620.82.01"))
+    plan = package_transaction.plan_transaction("debian12", "580", "580.126.20", "open", installed=packages,
+                                                available=debian_repo("580.126.20", "620.82.01"))
     assert plan["unhold"] == ["nvidia-driver-pinning-580"]
     assert step(plan, "release holds")["argv"] == ["apt-mark", "unhold", "nvidia-driver-pinning-580"]
     assert "nvidia-driver-pinning-580=580-5" in step(plan, "install the driver set")["argv"]
@@ -485,10 +492,10 @@ def test_case_34_404_for_the_pinned_version_is_withdrawn_not_an_outage():
     """Field case 34: the repository answered 404 for the pinned packages: stale index or withdrawn version."""
     folder = "34-apt-exact-pin-superseded-404"
     stderr = case(folder, "input-role-72-stderr-lines.txt")
-    verdict = pp.classify_apt_failure(100, case(folder, "input-role-72-stdout-fragment.txt"), stderr)
+    verdict = package_failures.classify_apt_failure(100, case(folder, "input-role-72-stdout-fragment.txt"), stderr)
     assert (verdict["kind"], verdict["retry"]) == ("withdrawn", False)
     assert "apt-cache madison" in verdict["message"]
     # A repository that cannot be reached is still an outage, and retried.
-    outage = pp.classify_apt_failure(
+    outage = package_failures.classify_apt_failure(
         100, "", "E: Failed to fetch http://mirror/pool/x.deb  Temporary failure resolving 'mirror'")
     assert (outage["kind"], outage["retry"]) == ("network", True)

@@ -1,0 +1,173 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Classifiers of what apt, dnf and the module build left behind after a driver transaction.
+
+Pure: no file, process or network access. Compatible with Python 3.7; standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import versions_match
+
+
+def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: Optional[str] = "") -> Dict[str, Any]:
+    """Classify a failed apt-get run.
+
+    Field case 18: rc 100 with "Unable to correct problems, you have held broken packages" is a
+    **dependency conflict** (a pin, a hold or a missing package of the set), not a transient
+    error: do not retry; show the "unmet dependencies" block.
+
+    Field case 34: ``Failed to fetch … 404 Not Found`` means the repository answered and the file
+    is gone: a stale index or a pinned version the archive withdrew (``withdrawn``), not an
+    outage; retrying the same command fails the same way.
+
+    :returns: ``{"kind": "dependency_conflict"|"lock"|"network"|"dpkg_interrupted"|"not_found"|
+        "withdrawn"|"other", "retry": bool, "unmet": [lines], "message": str}``.
+    """
+    text = "%s\n%s" % (stdout or "", stderr or "")
+    unmet = []
+    capture = False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if "unmet dependencies" in stripped:
+            capture = True
+            continue
+        if capture:
+            if stripped.startswith("E:"):
+                capture = False
+            elif stripped:
+                unmet.append(stripped)
+    if "held broken packages" in text or "unmet dependencies" in text:
+        kind, retry = "dependency_conflict", False
+        message = ("apt could not resolve the dependencies of the requested set (rc %s): a hold, a pin or a "
+                   "package of another origin or branch blocks it; not retried" % rc)
+    elif "Could not get lock" in text or "Unable to acquire the dpkg frontend lock" in text:
+        kind, retry, message = "lock", True, "another package manager holds the dpkg lock"
+    elif "dpkg was interrupted" in text:
+        kind, retry, message = "dpkg_interrupted", False, "dpkg was interrupted; run 'dpkg --configure -a'"
+    elif "Unable to locate package" in text or "Version '" in text and "was not found" in text:
+        kind, retry, message = "not_found", False, "a requested package or version is not in the repository"
+    elif re.search(r"\b404\s+Not Found\b", text):
+        kind, retry = "withdrawn", False
+        message = ("the repository answered 404 Not Found for a package of the pinned version: the package index "
+                   "is stale or the version was withdrawn; run apt-get update and check the exact version with "
+                   "apt-cache madison, or choose a published version or a mirror; not retried")
+    elif re.search(r"(Temporary failure resolving|Failed to fetch|Could not connect|Connection failed)", text):
+        kind, retry, message = "network", True, "the repository could not be reached"
+    else:
+        kind, retry, message = "other", False, "apt-get failed (rc %s)" % rc
+    return {"kind": kind, "retry": retry, "unmet": unmet, "message": message, "rc": rc}
+
+
+def classify_dnf_kernel_hold(text: Optional[str]) -> Dict[str, Any]:
+    """Read the output of ``dnf update`` / ``dnf nvidia-plugin`` on a node with precompiled kmods.
+
+    Field case 20. NVIDIA's dnf plugin skips a kernel for which no precompiled
+    ``kmod-nvidia-<driver>-<kernel>`` exists: that is an **expected hold** (report the candidate
+    kernel and the driver), not a broken host. A Python exception from the plugin
+    ("kernel exclude error ...") is a **failure of the kernel blocker** itself.
+
+    :returns: ``{"verdict": "kernel_held_expected"|"kernel_blocker_failure"|"none",
+        "driver_version": str|None, "candidate_kernel": str|None, "kmod_package": str|None,
+        "excluded_packages": [str], "error_text": str|None}``.
+    """
+    result = {"verdict": "none", "driver_version": None, "candidate_kernel": None, "kmod_package": None,
+              "excluded_packages": [], "error_text": None}
+    body = text or ""
+    failure = re.search(r"WARNING: kernel exclude error (.+)", body)
+    if failure:
+        result["verdict"] = "kernel_blocker_failure"
+        result["error_text"] = failure.group(1).strip()
+    skip = re.search(r"no kernel module package (\S+) for kernel version (\S+) and NVIDIA driver (\S+) could be found",
+                     body)
+    if skip:
+        result["kmod_package"] = skip.group(1)
+        result["candidate_kernel"] = skip.group(2)
+        result["driver_version"] = skip.group(3)
+    report = re.search(r"Excluded kernel packages during update \(([^)]+)\):", body)
+    if report:
+        result["candidate_kernel"] = result["candidate_kernel"] or report.group(1)
+        tail = body[report.end():]
+        for line in tail.splitlines():
+            word = line.strip()
+            if not word:
+                if result["excluded_packages"]:
+                    break
+                continue
+            if re.match(r"^kernel[\w.+-]*-\d", word):
+                result["excluded_packages"].append(word)
+            else:
+                break
+    if result["verdict"] == "none" and (skip or report or "filtered due to missing precompiled modules" in body):
+        result["verdict"] = "kernel_held_expected"
+    return result
+
+
+def classify_dnf_failure(text: Optional[str]) -> Dict[str, Any]:
+    """Classify a failed dnf driver transaction (field case 21).
+
+    :returns: ``{"kind": "stream_switch_refused"|"flavour_conflict"|"depsolve_conflict"|"other",
+        "from_stream": str|None, "to_stream": str|None, "packages": [str], "remedy": str}``:
+        a stream switch needs ``dnf module reset nvidia-driver`` first; a precompiled kmod
+        conflicts with a DKMS kmod (swap them explicitly, never ``--allowerasing``); a depsolve
+        problem names the packages whose versions must be pinned together.
+    """
+    body = text or ""
+    switch = re.search(r"switching of module '([^']+)' stream\s+'([^']*)' to stream '([^']+)'", body)
+    if switch or "module_stream_switch" in body:
+        return {"kind": "stream_switch_refused",
+                "from_stream": switch.group(2) if switch else None,
+                "to_stream": switch.group(3) if switch else None,
+                "packages": [], "remedy": "dnf module reset %s, then enable the new stream and install"
+                % (switch.group(1) if switch else "nvidia-driver")}
+    conflict = re.search(r"package (kmod-nvidia\S+) from @System conflicts with (\S+) provided by (\S+)", body)
+    if conflict:
+        return {"kind": "flavour_conflict", "from_stream": None, "to_stream": None,
+                "packages": [conflict.group(1), conflict.group(3)],
+                "remedy": "the installed precompiled module and the DKMS module are exclusive: keep the installed "
+                          "flavour or swap it explicitly (dnf swap); never --allowerasing on a running node"}
+    problem = re.search(r"Problem: package (\S+) from \S+ requires (.+?), but none of the providers", body)
+    if problem:
+        return {"kind": "depsolve_conflict", "from_stream": None, "to_stream": None,
+                "packages": [problem.group(1), problem.group(2).strip()],
+                "remedy": "pin the driver and the CUDA packages to versions that agree"}
+    return {"kind": "other", "from_stream": None, "to_stream": None, "packages": [], "remedy": ""}
+
+
+def verify_module_build(target_version: str, on_disk_version: Optional[str], running_kernel: Optional[str] = None,
+                        modules_by_kernel: Optional[Dict[str, List[str]]] = None) -> Dict[str, Any]:
+    """Check, before any reboot, that the module the running kernel will load is the target build.
+
+    Field case 23: DKMS left 595.80 on disk while the userspace is 595.84 - **broken**, a reboot
+    does not help. Field case 24: no ``nvidia.ko`` for the running kernel at all (only for an older
+    one) - **not built for the running kernel**.
+
+    :param target_version: the driver version just installed.
+    :param on_disk_version: ``modinfo -F version nvidia`` for the running kernel, ``None`` when
+        modinfo found no module.
+    :param running_kernel: ``uname -r``.
+    :param modules_by_kernel: ``{kernel release: [module files]}`` (``driver_state.nvidia_modules_by_kernel``).
+    :returns: ``{"verdict": "ok"|"broken"|"not_built_for_running_kernel", "expected", "found",
+        "running_kernel", "module_present_for": [kernels], "message": str}``.
+    """
+    present = sorted(k for k, mods in (modules_by_kernel or {}).items() if mods)
+    result = {"expected": target_version, "found": on_disk_version, "running_kernel": running_kernel,
+              "module_present_for": present}
+    if not on_disk_version:
+        result["verdict"] = "not_built_for_running_kernel"
+        result["message"] = ("no nvidia module for the running kernel %s%s; rebuild it (DKMS) or boot a kernel it "
+                             "was built for" % (running_kernel or "?",
+                                                " (present for %s)" % ", ".join(present) if present else ""))
+    elif versions_match(on_disk_version, target_version):
+        result["verdict"] = "ok"
+        result["message"] = "the module on disk for %s is %s" % (running_kernel or "the running kernel", on_disk_version)
+    else:
+        result["verdict"] = "broken"
+        where = running_kernel or "the running kernel"
+        result["message"] = ("the module on disk for %s is %s but the driver installed is %s: a reboot would load "
+                             "the wrong module; rebuild or reinstall it" % (where, on_disk_version, target_version))
+    return result
