@@ -850,7 +850,6 @@ def gate_verdict(per_node: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
     return result
 
 
-
 # ---------------------------------------------------------------------------------------------
 # What to do next with a node the rollout left out of service
 # ---------------------------------------------------------------------------------------------

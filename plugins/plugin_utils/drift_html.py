@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import severity_rank
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import finding_severity_rank
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import report_html
 
 #: The columns of the class × state overview (``drifted`` here: drifted with facts).
@@ -119,7 +119,7 @@ def node_rows(report: Mapping[str, Any]) -> List[Dict[str, Any]]:
             row = rows[key] = {"node": finding["node"], "hostname": node.get("hostname"), "class": finding["class"],
                                "check": finding["check"], "severity": finding["severity"], "gpus": [],
                                "messages": []}
-        if severity_rank(finding["severity"]) > severity_rank(row["severity"]):
+        if finding_severity_rank(finding["severity"]) > finding_severity_rank(row["severity"]):
             row["severity"] = finding["severity"]
         name = gpu_name(node, finding)
         message = str(finding.get("message") or "")
@@ -131,7 +131,7 @@ def node_rows(report: Mapping[str, Any]) -> List[Dict[str, Any]]:
             row["messages"].append(message)
     for row in rows.values():
         row["gpus"].sort()
-    return sorted(rows.values(), key=lambda r: (-severity_rank(r["severity"]), r["node"], r["check"]))
+    return sorted(rows.values(), key=lambda r: (-finding_severity_rank(r["severity"]), r["node"], r["check"]))
 
 
 def render_html(report: Mapping[str, Any], max_rows: int = 5000) -> str:
@@ -157,7 +157,7 @@ def render_html(report: Mapping[str, Any], max_rows: int = 5000) -> str:
             row["total"] += count
     for finding in report["findings"]:
         row = checks.get(finding["check"])
-        if row is not None and severity_rank(finding["severity"]) > severity_rank(row["severity"]):
+        if row is not None and finding_severity_rank(finding["severity"]) > finding_severity_rank(row["severity"]):
             row["severity"] = finding["severity"]
     rows = node_rows(report)
     shown = rows[:max_rows] if max_rows >= 0 else rows
@@ -165,7 +165,7 @@ def render_html(report: Mapping[str, Any], max_rows: int = 5000) -> str:
     body = env.from_string(_BODY).render(
         s=summary, classes=overview, class_names=sorted(classes), rows=shown, shown=len(shown),
         omitted=len(rows) - len(shown), errors=sorted((report.get("source_errors") or {}).items()),
-        checks=sorted(checks.values(), key=lambda c: (-severity_rank(c["severity"]), -c["total"], c["check"])))
+        checks=sorted(checks.values(), key=lambda c: (-finding_severity_rank(c["severity"]), -c["total"], c["check"])))
     meta = " · ".join(part for part in (report.get("generated_at") or "", ("facts from %s" % report["source"])
                                         if report.get("source") else "") if part)
     return report_html.page(env, "GPU fleet drift report", meta, body)

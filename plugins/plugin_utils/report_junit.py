@@ -17,7 +17,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Mapping, Optional
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import severity_rank
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import finding_severity_rank
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_html import node_rows
 
 #: Rollout results that fail a node's test case.
@@ -69,7 +69,7 @@ def drift_junit(report: Mapping[str, Any]) -> str:
         case = ET.Element("testcase", classname=node["class"], name=name)
         rows = by_node.get(name, [])
         if not node["in_sync"]:
-            worst = max(rows, key=lambda r: severity_rank(r["severity"]))
+            worst = max(rows, key=lambda r: finding_severity_rank(r["severity"]))
             lines = ["%s %s%s: %s" % (r["severity"], r["check"],
                                       (" [%s]" % ", ".join(r["gpus"])) if r["gpus"] else "", "; ".join(r["messages"]))
                      for r in rows]
