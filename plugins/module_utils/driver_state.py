@@ -29,7 +29,6 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_packages im
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version, versions_match
 
 
-
 # NVML error names as pynvml spells them without the ``NVMLError_`` prefix
 # (``pynvml.NVMLError_LibRmVersionMismatch`` ...), from nvml_names.RETURN_CODES.
 NVML_LIB_RM_VERSION_MISMATCH = nvml_names.RETURN_CODES[nvml_names.ERROR_LIB_RM_VERSION_MISMATCH]
