@@ -143,14 +143,14 @@ def test_verify_names_the_lost_gpu_by_bus_id_not_by_the_index_the_reboot_gave():
     lost["readable"] = False
     lost["errors"] = ["GpuIsLost"]
     after["gpus"] = [dict(gpu) for gpu in before["gpus"] if gpu is not gone] + [lost]
-    verdict = verify_upgrade(before, after, NEW, options={"rebooted": True})
+    verdict = verify_upgrade(after, before, NEW, options={"rebooted": True})
     reason = verdict["details"]["gpu_unreadable"]
     assert reason == ("GPU unreadable: GPU 0000:48:00.0 (GPU-00000003-0000-0000-0000-000000000000) "
                       "(NVML index 7 at this boot): GpuIsLost")
     # With the lost one no longer listed, the count change names the card that is gone.
     after["gpus"] = after["gpus"][:7]
     after["gpu_count"] = after["attached_gpus"] = 7
-    verdict = verify_upgrade(before, after, NEW, options={"rebooted": True})
+    verdict = verify_upgrade(after, before, NEW, options={"rebooted": True})
     assert verdict["details"]["gpu_count_changed"] == (
         "GPU count changed: 8 before, 7 after (gone: GPU 0000:48:00.0 (GPU-00000003-0000-0000-0000-000000000000))")
 
