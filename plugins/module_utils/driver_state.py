@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Tuple
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import nvml_names
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_packages import is_driver_package
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version, versions_match
 
 
