@@ -213,6 +213,6 @@ def test_rollout_page_of_a_stopped_rollout_says_why_first():
     assert "driver &lt;b&gt;620&lt;/b&gt; did not load" in text
     # A node not started keeps its class from the plan; the JUnit file skips it.
     assert report["nodes"][1] == {"node": "h2", "stage": "waves", "result": "not_started", "class": "gpu_h100",
-                                 "next_step": None}
+                                  "next_step": None}
     skipped = ET.fromstring(report_junit.rollout_junit(report)).find(".//testcase[@name='h2']/skipped")
     assert skipped.get("message") == "not_started: not started yet"
