@@ -95,8 +95,13 @@ sanity: venv collection
 unit: venv venv-awx collection
 	GPUFLEET_REQUIRE_AWX=1 $(PY) -m pytest -q tests/unit
 
+# Integration modules run in INTEGRATION_WORKERS pytest-xdist workers, a whole module (and its fleet)
+# in one worker, the longest first (tests/integration/conftest.py): most of a fleet test's time is
+# spent waiting for boots, drains and jobs, not on the controller's CPU.
+INTEGRATION_WORKERS ?= 3
+
 integration: deps
-	$(PY) -m pytest -q tests/integration
+	$(PY) -m pytest -q -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder tests/integration
 
 molecule: deps
 	@set -e; for scenario in $(MOLECULE_SCENARIOS); do \
