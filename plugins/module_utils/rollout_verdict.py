@@ -62,6 +62,7 @@ FLAGS = {
     "os_reboot_required": "the operating system asks for a reboot",
     "repair": "the driver is not installed or not consistent; the upgrade installs it",
     "on_target": "the node already runs the target version, healthy",
+    "resume": "an interrupted attempt of this rollout is finished, not skipped",
     "target_unknown": "the target version is not known yet",
     "locked": "another rollout holds the node's lock",
     "lock_taken_over": "a stale lock of an earlier run was taken over",
@@ -562,7 +563,10 @@ def preflight(facts: Optional[Mapping[str, Any]], target_version: Optional[str] 
     1. a node flagged by an earlier failed rollout is refused (``allow_flagged`` overrides);
     2. a node already on the target (loaded == userspace == on disk == target, state ``ok``),
        healthy (:func:`healthy`) and pinned (when ``pinned`` is known) is skipped: ``skip`` true
-       (this is how a re-run resumes);
+       (this is how a re-run resumes), unless an attempt of this rollout was interrupted on it
+       (``options["interrupted"]``: its snapshot is open). A controller killed after the
+       node's reboot left it on target but drained, unverified, its kernel not held and its
+       known-good version not marked: the transaction goes on (flag ``resume``) and finishes that;
     3. a fatal Xid in this boot, or an unreadable GPU, refuses the node: the hardware comes
        first, and a verification after the upgrade would blame the driver;
     4. a pending driver reboot is refused, unless the upgrade is the fix: userspace and on-disk
@@ -582,7 +586,8 @@ def preflight(facts: Optional[Mapping[str, Any]], target_version: Optional[str] 
     :param pinned: the driver package set is pinned at the target (the driver plan has no step),
         ``None`` when unknown.
     :param options: ``ignore_xids``, ``allow_flagged``, ``allow_fatal_xids``,
-        ``allow_os_reboot_required``, ``allow_reboot_pending``.
+        ``allow_os_reboot_required``, ``allow_reboot_pending``, ``interrupted`` (the run id of
+        an interrupted attempt of this rollout, from the node's open snapshot; empty when none).
     :returns: ``{"ok": bool (may proceed or skip), "skip": bool, "action": "skip" | "upgrade" |
         "refuse", "reasons", "flags", "notes"}``.
     """
@@ -600,6 +605,11 @@ def preflight(facts: Optional[Mapping[str, Any]], target_version: Optional[str] 
     versions = driver_versions(facts)
     if not target_version:
         _note(result, "target_unknown")
+    if result["ok"] and health["ok"] and on_target(facts, target_version) and pinned is not False \
+            and opts.get("interrupted"):
+        _note(result, "resume", "already on %s; the attempt of run %s was interrupted before it verified the "
+                                "node and returned it to service: finishing it" % (target_version, opts["interrupted"]))
+        return result
     if result["ok"] and health["ok"] and on_target(facts, target_version) and pinned is not False:
         result["skip"] = True
         result["action"] = "skip"

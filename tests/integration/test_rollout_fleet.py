@@ -295,24 +295,35 @@ def test_bad_input_is_refused_before_any_host_is_touched(rollouts):
     assert not os.path.exists(os.path.join(rollouts.report_dir("bad"), "journal.jsonl"))
 
 
+# The benchmark the rollout runs before the install and after the reboot. On node04, once it has
+# rebooted into its new driver, it waits (once: the mark lives in /run) so that the controller can
+# be killed at that point: on target, still drained, not verified, its lock held.
+WAIT_AFTER_REBOOT = json.dumps({"node_upgrade_benchmark_command": [
+    "sh", "-c", 'if [ "$(hostname)" = node04 ] && [ "$(cat /sys/module/nvidia/version)" = 580.178.04 ] '
+                '&& mkdir /run/gpufleet-bench-waited 2>/dev/null; then sleep 300; fi; echo 100']})
+
+
 def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts, tmp_path):
     kernel = give_node_kernel_packages(rollouts.fleet, "node03", tmp_path)
     assert "linux-image-%s" % kernel not in rollouts.sh("node03", "apt-mark showhold").split()
-    proc, log = rollouts.rollout("ltsb", "node01:node02:node03:node04", start=True)
+    proc, log = rollouts.rollout("ltsb", "node01:node02:node03:node04", "-e", WAIT_AFTER_REBOOT, start=True)
     killed = False
     deadline = time.time() + 1500
     while time.time() < deadline and proc.poll() is None:
         node03 = rollouts.record("ltsb", "node03")
-        if node03 and node03["result"] == "upgraded" and rollouts.lock_exists("node04") \
-                and rollouts.record("ltsb", "node04") is None:
+        if node03 and node03["result"] == "upgraded" and rollouts.fleet.run(
+                "node04", "test -d /run/gpufleet-bench-waited").returncode == 0:
             os.killpg(proc.pid, signal.SIGKILL)
             killed = True
             break
-        time.sleep(0.5)
+        time.sleep(1)
     proc.wait(timeout=60)
-    assert killed, "the first run ended before node04 took its lock: %s" % open(log).read()[-3000:]
-    # The killed step rendered no report; its records and journal say where it was: node04 in flight.
+    assert killed, "the first run ended before node04 rebooted: %s" % open(log).read()[-3000:]
+    # The killed step rendered no report; its records and journal say where it was: node04 in flight,
+    # already on its new driver, drained and locked.
     assert rollouts.record("ltsb", "node04") is None
+    assert rollouts.loaded("node04") == "580.178.04"
+    assert rollouts.drained("node04") and rollouts.lock_exists("node04")
     assert rollouts.started("ltsb") == {"node01": 1, "node02": 1, "node03": 1, "node04": 1}
     first_run = rollouts.record("ltsb", "node01")["run_id"]
 
@@ -329,6 +340,10 @@ def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts, tmp_pa
         assert "confirmed_by_run" not in by_node[node]
         assert by_node[node]["before"]["loaded"] == BASELINE
     assert by_node["node04"]["run_id"] != first_run
+    # node04 is on target after the killed run: finished (verified, undrained, lock released), not skipped.
+    assert by_node["node04"]["result"] == "upgraded" and by_node["node04"]["resumed"] is True
+    assert by_node["node04"]["before"]["loaded"] == BASELINE
+    assert "resumed an interrupted attempt" in by_node["node04"]["reason"]
     assert rollouts.started("ltsb") == {"node01": 1, "node02": 1, "node03": 1, "node04": 1}
     assert by_node["node01"]["stage"] == "golden" and by_node["node02"]["stage"] == "canary"
     assert by_node["node04"]["stage"] == "waves"

@@ -278,6 +278,22 @@ def test_preflight_already_on_target_and_healthy_is_skipped():
     assert preflight(facts(NEW), NEW, pinned=False)["action"] == "upgrade"
 
 
+def test_preflight_interrupted_attempt_on_target_is_finished_not_skipped():
+    # A controller killed after the node's reboot: on target, but still drained and unverified.
+    verdict = preflight(facts(NEW), NEW, pinned=True, options={"interrupted": "r-20261202-0001"})
+    assert verdict["action"] == "upgrade" and verdict["skip"] is False and verdict["ok"] is True
+    assert verdict["flags"] == ["resume"]
+    assert "run r-20261202-0001 was interrupted" in verdict["notes"][0]
+    # No interrupted attempt (empty string, as the role passes it): skipped as before.
+    assert preflight(facts(NEW), NEW, pinned=True, options={"interrupted": ""})["action"] == "skip"
+    # An interrupted attempt on a node not on target yet is an ordinary upgrade.
+    assert preflight(facts(OLD), NEW, options={"interrupted": "r-1"})["flags"] == []
+    # The hardware still comes first: a flagged node is refused whatever the snapshot says.
+    flagged = preflight(facts(NEW), NEW, {"flagged": True, "rollout_id": "ltsb"}, pinned=True,
+                        options={"interrupted": "r-1"})
+    assert flagged["action"] == "refuse" and "flagged" in flagged["flags"]
+
+
 def test_preflight_upgrade_from_old_version():
     verdict = preflight(facts(OLD), NEW)
     assert verdict == {"ok": True, "skip": False, "action": "upgrade", "reasons": [], "flags": [], "notes": [],
