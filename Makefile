@@ -101,7 +101,7 @@ unit: venv venv-awx collection
 INTEGRATION_WORKERS ?= 3
 
 integration: deps
-	$(PY) -m pytest -q -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder tests/integration
+	$(PY) -m pytest -q -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests/integration
 
 molecule: deps
 	@set -e; for scenario in $(MOLECULE_SCENARIOS); do \

@@ -63,8 +63,9 @@ def simfleet():
 
 # The modules in the order ``make integration`` hands them to its pytest-xdist workers (``--dist
 # loadfile``: a module and its fleet stay in one worker): the longest first, so that the last module
-# to start is a short one. Seconds are one module's wall time measured with three workers on a
-# 2-core machine (``pytest -n 3 --dist loadfile --durations=0``); a module not listed goes last.
+# to start is a short one. Seconds are estimates of one module's wall time with three workers on a
+# 2-core machine, to be refreshed from the slowest-test list ``make integration`` prints
+# (``--durations``); only their order matters. A module not listed goes last.
 MODULE_SECONDS = {
     "test_rollout_fleet.py": 900,
     "test_rollout_slurm.py": 600,
