@@ -5,7 +5,7 @@ Usage (as root, from the repository root, with the project's virtualenv Python):
     python benchmarks/rollout/bench.py [--nodes 16] [--ports 24500-24599] [--out FILE] [--schedule-only]
 
 1. Sequential batches of the default schedule for fleets of 16, 100, 1,000 and 10,000 nodes,
-   computed by ``module_utils.schedule`` (which reproduces ansible-core's
+   computed by ``plugin_utils.schedule`` (which reproduces ansible-core's
    ``_get_serialized_batches``): the waves alone (``serial: [1, "5%", "25%", "100%"]``), and the whole
    rollout with one golden node per GPU class (5) and a canary pool of 1 % (at least 5, serial
    ``[1, "100%"]``).
@@ -55,7 +55,7 @@ BASELINE_VERSION = "580.126.20"
 def schedule_table():
     """Sequential batches per fleet size for the default schedule."""
     sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
-    from ansible_collections.gpufleet.nvidia.plugins.module_utils import schedule  # pylint: disable=import-outside-toplevel
+    from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import schedule  # pylint: disable=import-outside-toplevel
 
     rows = []
     for size in (16, 100, 1000, 10000):

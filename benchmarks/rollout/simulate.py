@@ -9,7 +9,7 @@ The ``default`` policy is this collection's: the same ``plugin_utils.rollout_bud
 nodes. The others are reproduced from their documented behaviour:
 
 * ``previous``: this collection's earlier defaults: golden ``serial: 1``, canary ``[1, "100%"]``,
-  waves ``[1, "5%", "25%", "100%"]`` (cut as ansible-core cuts them, ``module_utils.schedule``),
+  waves ``[1, "5%", "25%", "100%"]`` (cut as ansible-core cuts them, ``plugin_utils.schedule``),
   ``max_fail_percentage: 0`` (the first failed node stops everything), a soak after each golden
   and canary batch (600 s) and wave batch (300 s); a batch waits for its slowest node;
 * ``gpu_operator``: NVIDIA GPU Operator's upgrade controller defaults, ``maxParallelUpgrades: 1``
@@ -52,7 +52,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(REPO, ".build", "collections"))
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import schedule  # noqa: E402
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import schedule  # noqa: E402
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget  # noqa: E402
 
 CLASSES = (("gpu_h100", 0.40), ("gpu_a100", 0.25), ("gpu_h200", 0.15), ("gpu_l40s", 0.12), ("gpu_b200", 0.08))

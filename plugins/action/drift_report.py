@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from ansible import constants as C
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import drift
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     drift_declared,
     drift_output,
@@ -72,7 +72,7 @@ def host_classes(groups, hosts, class_prefix):
 
 
 class ActionModule(ControllerAction):
-    """Collect facts and declarations, judge them with module_utils.drift, write the outputs."""
+    """Collect facts and declarations, judge them with plugin_utils.drift, write the outputs."""
 
     NAME = "drift_report"
     ARGUMENT_SPEC = ARGUMENT_SPEC

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Controller-side filters of the driver rollout: serial schedules and the node upgrade verdicts.
 
-Thin wrappers over ``module_utils.schedule`` and ``module_utils.rollout_verdict``; each filter's
+Thin wrappers over ``plugin_utils.schedule`` and ``plugin_utils.rollout_verdict``; each filter's
 documentation is in the ``<filter>.yml`` file beside this one.
 """
 
@@ -15,8 +15,8 @@ import binascii
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import rollout_verdict as rv
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import schedule
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_verdict as rv
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import schedule
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report, scheduler_state
 
 

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.nvidia contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The drift report (``module_utils.drift.build_report``) as one self-contained HTML page.
+"""The drift report (``plugin_utils.drift.build_report``) as one self-contained HTML page.
 
 Order of the page: the fleet summary; the class × state overview (a row per GPU class: nodes in
 sync, drifted, without facts, with a bar); findings per check and class; then the findings
@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Mapping
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import finding_severity_rank
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import finding_severity_rank
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import report_html
 
 #: The columns of the class × state overview (``drifted`` here: drifted with facts).

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.nvidia contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Render a drift report (``module_utils.drift.build_report``) as JSON and Markdown.
+"""Render a drift report (``plugin_utils.drift.build_report``) as JSON and Markdown.
 
 Controller side: Markdown is rendered with Jinja2 (shipped with ansible-core), JSON with
 ``msgspec`` when it is installed (else the standard library). Write either atomically with

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import FINDING_SEVERITIES
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import FINDING_SEVERITIES
 
 #: The labels that identify a GPU, named and formatted as dcgm-exporter's.
 GPU_LABELS = ("Hostname", "UUID", "gpu", "pci_bus_id", "modelName")

@@ -40,7 +40,7 @@ import re
 import time
 from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import facts_problem
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import facts_problem
 
 try:
     import msgspec

@@ -17,7 +17,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from typing import Any, Dict, List, Mapping, Optional
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import finding_severity_rank
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import finding_severity_rank
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_html import node_rows
 
 #: Rollout results that fail a node's test case.

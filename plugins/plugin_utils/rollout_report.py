@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from jinja2 import Environment, StrictUndefined
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import next_step
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import next_step
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     report_junit,
     rollout_budget,

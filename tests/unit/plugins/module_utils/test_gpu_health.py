@@ -20,7 +20,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_signals impor
     reset_required_messages,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import read_nvml  # noqa: E402
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import healthy, verify_upgrade  # noqa: E402
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import healthy, verify_upgrade  # noqa: E402
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_xml import parse_nvidia_smi_xml  # noqa: E402
 
 CASE30 = "30-xid154-gsp-reset-required-talos-log"

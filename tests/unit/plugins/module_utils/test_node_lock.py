@@ -12,7 +12,7 @@ import os
 
 from ansible_collections.gpufleet.nvidia.plugins.filter.rollout import rollout_state_file
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import rollout_lock
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import rollout_lock
 
 OWNER = {"rollout_id": "driver-ltsb", "run_id": "ctl-1-1", "controller": "ctl", "pid": 11}
 OTHER = {"rollout_id": "driver-620", "run_id": "ctl2-2-2", "controller": "ctl2", "pid": 22}

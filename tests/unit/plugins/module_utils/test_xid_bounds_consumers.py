@@ -14,7 +14,7 @@ import json
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import (
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import (
     fatal_xid_counts,
     healthy,
     new_fatal_xids,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import DriftEngine, declared_state, judge_node, roll_up
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import DriftEngine, declared_state, judge_node, roll_up
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_journal
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report as rr

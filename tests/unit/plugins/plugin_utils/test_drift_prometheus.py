@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import build_report, declared_state
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import build_report, declared_state
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_prometheus
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget

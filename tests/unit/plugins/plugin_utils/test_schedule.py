@@ -9,7 +9,7 @@ import pytest
 
 from ansible.executor.playbook_executor import PlaybookExecutor
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.schedule import (
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.schedule import (
     DEFAULT_SERIAL,
     batch_count,
     normalize_serial,

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.drift import (
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import (
     CHECKS,
     DriftEngine,
     build_report,

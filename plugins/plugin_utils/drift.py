@@ -50,7 +50,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_policy_
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import versions_match
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import gpu_label
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import fatal_xid_counts
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import fatal_xid_counts
 
 #: Severities of a drift finding, least to most serious: how far a node is from its declared
 #: state. Not the severity of an Xid event (xid_catalog.SEVERITIES, which has ``fatal``): a

@@ -14,7 +14,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi_message
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_verdict import (
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import (
     FLAGS,
     benchmark_verdict,
     rollout_snapshot,
