@@ -9,12 +9,8 @@ documentation is in the ``<filter>.yml`` file beside this one.
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_verdict as rv
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import schedule
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report, scheduler_state
@@ -73,23 +69,6 @@ def rollout_lock(lock, owner, now, stale_after_s=21600, holder_alive=None, break
                  bool(break_lock))
 
 
-def rollout_state_file(slurped):
-    """One rollout state file from a ``slurp`` result: parsed, or why it cannot be used (untrusted content)."""
-    if not isinstance(slurped, dict):
-        raise AnsibleFilterError("rollout_state_file: expects a slurp result, got %s" % type(slurped).__name__)
-    path = str(slurped.get("source") or (slurped.get("item") if isinstance(slurped.get("item"), str) else "") or "the file")
-    if slurped.get("content") is None:
-        message = str(slurped.get("msg") or "")
-        if not message or "not found" in message.lower() or "no such file" in message.lower():
-            return node_lock.absent_state()
-        return node_lock.unreadable_state("%s cannot be read (%s)" % (path, message))
-    try:
-        raw = base64.b64decode(slurped["content"], validate=True)
-    except (binascii.Error, ValueError, TypeError):
-        return node_lock.unreadable_state("%s came back in a form that is not base64" % path)
-    return node_lock.parse_state(raw, path)
-
-
 def rollout_cut_off(hostvars, node, stage, rollout_id, run_id, answers):
     """The record of a node that lost its connection inside its transaction (no record of its own)."""
     return rollout_report.cut_off_record(node, stage, rollout_id, run_id, bool(answers), hostvars or {})
@@ -146,7 +125,6 @@ class FilterModule(object):
             "rollout_cut_off": rollout_cut_off,
             "rollout_drain_state": rollout_drain_state,
             "rollout_drained_by_others": rollout_drained_by_others,
-            "rollout_state_file": rollout_state_file,
             "rollout_soak": rollout_soak,
             "rollout_gate": rollout_gate,
             "rollout_versions": rollout_versions,

@@ -64,6 +64,32 @@ def read_state(path: str) -> Dict[str, Any]:
     return parse_state(raw, path)
 
 
+def read_states(paths: Mapping[str, str]) -> Dict[str, Dict[str, Any]]:
+    """Read several rollout state files at once, each as :func:`read_state` does.
+
+    :param paths: name → path on the node, e.g. ``{"lock": "/var/lib/gpufleet/rollout/lock.json"}``.
+    :returns: name → :func:`read_state`'s result. A file that cannot even be opened (permission
+        denied, an I/O error) is unreadable with the reason, not an error: the caller decides.
+    """
+    out = {}  # type: Dict[str, Dict[str, Any]]
+    for name, path in paths.items():
+        try:
+            out[name] = read_state(path)
+        except OSError as exc:
+            out[name] = unreadable_state("%s cannot be read (%s)" % (path, exc.strerror or exc))
+    return out
+
+
+def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> Optional[str]:
+    """The node's boot id (a UUID, new at every boot; Linux ``/proc/sys/kernel/random/boot_id``), or ``None``."""
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(128).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    return text or None
+
+
 def parse_state(raw: bytes, path: str = "the file") -> Dict[str, Any]:
     """Parse the bytes of a state file: :func:`read_state`'s result for a file that exists."""
     ident = identity(raw)

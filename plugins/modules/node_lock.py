@@ -26,8 +26,13 @@ options:
   path:
     description:
       - The lock file (or, with O(state=read), any rollout state file).
+      - Required with O(state=acquire) and O(state=release); with O(state=read), O(path) or O(files).
     type: path
-    required: true
+  files:
+    description:
+      - With O(state=read), several state files at once, by name (for example C(lock), C(flag), C(snapshot)),
+        returned in RV(files) under the same names, with the node's RV(boot_id).
+    type: dict
   state:
     description:
       - V(read), V(acquire) or V(release).
@@ -69,6 +74,14 @@ author:
 """
 
 EXAMPLES = r"""
+- name: Read the node's rollout state files and its boot id in one task
+  gpufleet.nvidia.node_lock:
+    files:
+      lock: /var/lib/gpufleet/rollout/lock.json
+      snapshot: /var/lib/gpufleet/rollout/snapshot.json
+      flag: /etc/ansible/facts.d/gpufleet_rollout.fact
+  register: state_files
+
 - name: Read the lock
   gpufleet.nvidia.node_lock:
     path: /var/lib/gpufleet/rollout/lock.json
@@ -101,6 +114,16 @@ identity:
   description: What the file is, for O(expect) (C(sha256:<hex>) of its bytes), or null when absent.
   type: str
   returned: state is read
+files:
+  description:
+    - With O(files), each file by its name, C({exists, content, unreadable, identity}) as for O(path). A file that
+      cannot be opened (permission denied) is unreadable with the reason.
+  type: dict
+  returned: state is read and files is given
+boot_id:
+  description: The node's boot id (C(/proc/sys/kernel/random/boot_id)), read with O(files); null when unreadable.
+  type: str
+  returned: state is read and files is given
 acquired:
   description: Whether the lock is now this run's.
   type: bool
@@ -127,18 +150,24 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            path=dict(type="path", required=True),
+            path=dict(type="path"),
+            files=dict(type="dict"),
             state=dict(type="str", choices=["read", "acquire", "release"], default="read"),
             lock=dict(type="dict"),
             expect=dict(type="str", default=""),
             run_id=dict(type="str"),
             force=dict(type="bool", default=False),
         ),
-        required_if=[("state", "acquire", ["lock"]), ("state", "release", ["run_id"])],
+        required_if=[("state", "acquire", ["lock", "path"]), ("state", "release", ["run_id", "path"])],
+        required_one_of=[("path", "files")],
+        mutually_exclusive=[("path", "files")],
         supports_check_mode=True,
     )
     path, state = module.params["path"], module.params["state"]
     try:
+        if state == "read" and module.params["files"] is not None:
+            files = dict((str(name), str(value)) for name, value in module.params["files"].items())
+            module.exit_json(changed=False, files=node_lock.read_states(files), boot_id=node_lock.read_boot_id())
         if state == "read":
             module.exit_json(changed=False, **node_lock.read_state(path))
         if module.check_mode:

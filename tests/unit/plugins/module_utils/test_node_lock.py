@@ -5,12 +5,10 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import multiprocessing
 import os
 
-from ansible_collections.gpufleet.nvidia.plugins.filter.rollout import rollout_state_file
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import rollout_lock
 
@@ -127,15 +125,31 @@ def test_release_removes_only_this_runs_lock(tmp_path):
     assert node_lock.release(path, OWNER["run_id"], force=True)["released"] is True and not os.path.exists(path)
 
 
-def test_state_file_filter_reads_slurp_results():
-    content = base64.b64encode(json.dumps(lock_of(OTHER)).encode()).decode()
-    parsed = rollout_state_file({"content": content, "source": "/var/lib/gpufleet/rollout/lock.json"})
-    assert parsed["content"]["pid"] == 22
-    assert rollout_state_file({"failed": False, "msg": "file not found: /x", "item": "/x"})["exists"] is False
-    garbage = rollout_state_file({"content": base64.b64encode(b"not json").decode(), "item": "/etc/flag.fact"})
-    assert garbage["content"] is None and garbage["unreadable"].startswith("/etc/flag.fact is not JSON")
-    directory = rollout_state_file({"msg": "source is a directory and must be a file", "item": "/x"})
-    assert directory["unreadable"] == "/x cannot be read (source is a directory and must be a file)"
+def test_several_state_files_at_once_each_by_name(tmp_path):
+    lock = tmp_path / "lock.json"
+    node_lock.acquire(str(lock), lock_of(OTHER), None)
+    (tmp_path / "flag.fact").write_bytes(b"not json")
+    (tmp_path / "snapshot.json").mkdir()
+    secret = tmp_path / "drain.json"
+    secret.write_text("{}")
+    secret.chmod(0)
+    files = node_lock.read_states({"lock": str(lock), "flag": str(tmp_path / "flag.fact"),
+                                   "snapshot": str(tmp_path / "snapshot.json"), "driver": str(tmp_path / "none.fact"),
+                                   "drain": str(secret)})
+    assert sorted(files) == ["drain", "driver", "flag", "lock", "snapshot"]
+    assert files["lock"]["content"]["pid"] == 22 and files["lock"]["identity"].startswith("sha256:")
+    assert files["flag"]["content"] is None and files["flag"]["unreadable"].startswith(str(tmp_path / "flag.fact")
+                                                                                       + " is not JSON")
+    assert files["snapshot"]["unreadable"] == "%s is a directory" % (tmp_path / "snapshot.json")
+    assert files["driver"] == {"exists": False, "content": None, "unreadable": None, "identity": None}
+    if os.geteuid() != 0:  # root reads a mode-0 file
+        assert files["drain"]["unreadable"] == "%s cannot be read (Permission denied)" % secret
+
+
+def test_boot_id_is_read_and_a_missing_one_is_none(tmp_path):
+    (tmp_path / "boot_id").write_text("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
+    assert node_lock.read_boot_id(str(tmp_path / "boot_id")) == "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+    assert node_lock.read_boot_id(str(tmp_path / "absent")) is None
 
 
 def test_unreadable_lock_is_refused_with_its_reason_and_taken_over_on_break():
