@@ -12,6 +12,7 @@ from datetime import datetime, timezone
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import run_lease
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import pid_alive, run_identity
 
@@ -23,6 +24,7 @@ ARGUMENT_SPEC = {
     "record": {"type": "dict"},
     "controller": {"type": "str"},
     "pid": {"type": "int"},
+    "lease": {"type": "str"},
     "hold": {"type": "bool", "default": False},
 }
 
@@ -62,11 +64,17 @@ class ActionModule(ControllerAction):
         stamp, iso = _now()
         result["changed"] = False
         if state == "probe":
+            # On the holder's controller its process answers; elsewhere (another controller, the
+            # next AWX job's container) its lease in the report directory does, when it is seen.
             me = run_identity()
             if args["controller"] and args["controller"] != me["controller"]:
-                result["alive"] = None
+                seen = run_lease.read(args["lease"]) if args["lease"] else None
+                result["alive"] = seen["alive"] if seen else None
+                result["reason"] = seen["reason"] if seen else "the holder ran on another controller and names no lease"
             else:
                 result["alive"] = pid_alive(args["pid"]) if args["pid"] else False
+                result["reason"] = "process %s on this controller %s" % (
+                    args["pid"], "runs" if result["alive"] else "is gone")
             return result
         if state == "start":
             run = run_identity()
@@ -81,6 +89,13 @@ class ActionModule(ControllerAction):
         if self._task.check_mode:
             result["msg"] = "check mode: nothing written to %s" % directory
             return result
+        if state == "start":
+            # The lease the next run (another controller, the next AWX job) judges this run's
+            # locks by; renewed while this ansible-playbook process lives.
+            try:
+                result["run"]["lease"] = run_lease.start(directory, result["run"], result["run"]["ticks"], iso)
+            except OSError as exc:
+                raise AnsibleActionFail("rollout_report: cannot write the run's lease under %s: %s" % (directory, exc))
         if state == "start" and args["plan"] is not None:
             plan = dict(args["plan"])
             plan.setdefault("rollout_id", args["rollout_id"])

@@ -60,6 +60,12 @@ options:
   pid:
     description: Process id of the lock holder to probe.
     type: int
+  lease:
+    description:
+      - The lease file the lock holder named (C(<report_dir>/runs/<run_id>.lease)), for O(state=probe) when the
+        holder ran on another controller (the next AWX job's container is another host): renewed within 300 s,
+        the holder runs; older, it is gone; not visible here, unknown.
+    type: str
 notes:
   - This module supports check mode; in check mode it writes nothing.
 author:
@@ -94,11 +100,18 @@ run:
   description: This run's identity, for O(state=start).
   returned: when O(state=start)
   type: dict
-  sample: {"run_id": "ctl-4242-1234567", "controller": "ctl", "pid": 4242, "started_at": "2026-11-29T10:00:00Z"}
+  sample: {"run_id": "ctl-4242-1234567", "controller": "ctl", "pid": 4242, "ticks": 1234567, "awx_job_id": "4711",
+           "started_at": "2026-11-29T10:00:00Z", "lease": "/runner/reports/rollout/driver-ltsb/runs/ctl-4242-1234567.lease"}
 alive:
-  description: Whether the probed process runs; V(null) when it belongs to another controller.
+  description:
+    - Whether the probed run still runs; V(null) when it cannot be told from here (another controller and no lease
+      visible).
   returned: when O(state=probe)
   type: bool
+reason:
+  description: How O(state=probe) told (the process on this controller, or the lease and its age).
+  returned: when O(state=probe)
+  type: str
 report_dir:
   description: Absolute path of the report directory.
   returned: unless O(state=probe)

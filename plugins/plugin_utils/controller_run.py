@@ -31,13 +31,18 @@ def run_identity(proc_root="/proc"):
     """Identify this ansible-playbook run: the same in every worker of one run, new in the next.
 
     Workers are forked from the ansible-playbook process, so the parent pid is the run's pid;
-    with the process start time it makes an id that pid reuse cannot repeat.
-    :returns: ``{"run_id", "controller", "pid"}``.
+    with the process start time it makes an id that pid reuse cannot repeat. Under AWX / AAP the
+    job's id comes with it (the ``JOB_ID`` environment variable AWX sets for the job's
+    ansible-playbook, ``awx/main/tasks`` ``RunJob.build_env``), for people and reports to name
+    the holder by.
+    :returns: ``{"run_id", "controller", "pid", "ticks" (the process start time, clock ticks, or
+        ``None``), "awx_job_id" (str or ``None``)}``.
     """
     pid = os.getppid()
     controller = socket.gethostname()
-    return {"run_id": "%s-%d-%s" % (controller, pid, process_start_ticks(pid, proc_root) or 0),
-            "controller": controller, "pid": pid}
+    ticks = process_start_ticks(pid, proc_root)
+    return {"run_id": "%s-%d-%s" % (controller, pid, ticks or 0), "controller": controller, "pid": pid,
+            "ticks": ticks, "awx_job_id": os.environ.get("JOB_ID") or None}
 
 
 def pid_alive(pid, proc_root="/proc"):

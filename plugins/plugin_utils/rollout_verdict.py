@@ -735,12 +735,15 @@ def rollout_lock(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
 
     The lock file (``<node_upgrade_state_dir>/lock.json``, ``/var/lib/gpufleet/rollout/lock.json``
     by default) holds ``{"rollout_id", "run_id", "controller", "pid", "acquired_at" (epoch
-    seconds)}``.
+    seconds)}``, and ``"lease"`` (the run's lease file on its controller) and ``"awx_job_id"``
+    when the owner has them.
 
     * no lock, or a lock of this very run (same ``run_id``) → take it;
-    * a lock whose holder is known dead (``holder_alive`` false: same controller, its
-      ``ansible-playbook`` process is gone — a killed run) → take it over;
-    * a lock older than ``stale_after_s`` (0 disables) or ``break_lock`` → take it over;
+    * a lock whose holder is known dead (``holder_alive`` false: on the same controller its
+      ``ansible-playbook`` process is gone — a killed run; elsewhere its lease,
+      ``run_lease``, is no longer renewed — a cancelled AWX job) → take it over;
+    * a lock whose holder's liveness is unknown (``None``) and older than ``stale_after_s``
+      (0 disables), or ``break_lock`` → take it over; a holder known to run is never timed out;
     * otherwise → refuse, naming the holder: a second concurrent rollout must not touch the node.
 
     :param lock: the parsed lock file, ``None``/``{}`` when absent, or, when it could not be
@@ -748,7 +751,8 @@ def rollout_lock(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
         reason, unless ``break_lock``.
     :param owner: this run: ``{"rollout_id", "run_id", "controller", "pid"}``.
     :param now: epoch seconds now.
-    :param holder_alive: the holder's liveness when it could be checked, else ``None``.
+    :param holder_alive: the holder's liveness when it could be checked (its process on this
+        controller, or its lease), else ``None``.
     :returns: ``{"ok": bool, "takeover": bool, "reasons", "flags", "lock": the content to write}``.
     """
     new_lock = {
@@ -758,6 +762,9 @@ def rollout_lock(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
         "pid": owner.get("pid"),
         "acquired_at": now,
     }
+    for key in ("lease", "awx_job_id"):
+        if owner.get(key):
+            new_lock[key] = owner[key]
     result = _result(takeover=False, lock=new_lock)
     if not lock:
         return result
@@ -780,11 +787,15 @@ def rollout_lock(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
         age = None
     holder = "rollout %s (run %s, controller %s, pid %s)" % (
         lock.get("rollout_id"), lock.get("run_id"), lock.get("controller"), lock.get("pid"))
+    if lock.get("awx_job_id"):
+        holder += " (AWX job %s)" % lock.get("awx_job_id")
     if holder_alive is False:
         result["takeover"] = True
         _note(result, "lock_taken_over", "took over the lock of %s: that run is gone" % holder)
         return result
-    if break_lock or (stale_after_s and age is not None and age > float(stale_after_s)):
+    # A holder known to run keeps its node however long it has held it (a drain that waits for
+    # a job of days); the age only decides for a holder whose liveness cannot be seen.
+    if break_lock or (holder_alive is None and stale_after_s and age is not None and age > float(stale_after_s)):
         result["takeover"] = True
         _note(result, "lock_taken_over", "took over the lock of %s, %s" % (
             holder, "broken on request" if break_lock else "stale after %d s" % int(age or 0)))

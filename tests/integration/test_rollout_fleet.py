@@ -408,6 +408,36 @@ def test_lock_of_another_controller_refuses_a_second_rollout(rollouts):
     rollouts.fleet.run("node04", "rm -f /var/lib/gpufleet/rollout/lock.json", check=True)
 
 
+def test_a_lock_from_another_controller_is_judged_by_its_lease(rollouts):
+    # node02 is on target since the wave test. Its lock names a run of another controller (the
+    # next AWX job's container is another host) and that run's lease in a report directory.
+    lease = os.path.join(rollouts.dir, "reports", "other", "runs", "awx-1-1.lease")
+    os.makedirs(os.path.dirname(lease), exist_ok=True)
+    with open(lease, "w") as handle:
+        json.dump({"run_id": "awx-1-1", "controller": "automation-job-4711", "pid": 1, "awx_job_id": "4711"}, handle)
+    lock = {"rollout_id": "other", "run_id": "awx-1-1", "controller": "automation-job-4711", "pid": 1,
+            "acquired_at": time.time() - 7 * 3600, "lease": lease, "awx_job_id": "4711"}
+    rollouts.fleet.run("node02", "cat > /var/lib/gpufleet/rollout/lock.json", check=True, input=json.dumps(lock))
+    # Held for 7 hours, more than node_upgrade_lock_stale_s (6 h), but its lease is renewed: refused.
+    code, log = rollouts.rollout("leased", "node02")
+    assert code == 2, log[-3000:]
+    record = rollouts.record("leased", "node02")
+    assert record["result"] == "refused"
+    assert "locked by rollout other (run awx-1-1, controller automation-job-4711, pid 1) (AWX job 4711)" \
+        in record["reason"]
+    assert rollouts.lock_exists("node02")
+    # The job was cancelled: its lease is no longer renewed. The lock is taken over and released,
+    # and the node, on target, is skipped.
+    os.utime(lease, (time.time() - 3600, time.time() - 3600))
+    code, log = rollouts.rollout("leased-2", "node02")
+    assert code == 0, log[-3000:]
+    assert "took over the lock of rollout other (run awx-1-1, controller automation-job-4711, pid 1) (AWX job " \
+           "4711): that run is gone" in log
+    assert "not renewed for 3" in log and "(stale after 300 s)" in log
+    assert rollouts.record("leased-2", "node02")["result"] == "skipped"
+    assert not rollouts.lock_exists("node02")
+
+
 def test_unresolvable_target_is_refused_at_preflight_with_no_node_drained(rollouts):
     before = rollouts.state("node04")
     code, log = rollouts.rollout("unresolvable", "node04", "-e", "driver_branch=620")

@@ -437,6 +437,22 @@ def test_lock_of_a_killed_run_or_stale_lock_is_taken_over():
     assert rollout_lock("garbage", OWNER, 1.0, break_lock=True)["takeover"] is True
 
 
+def test_lock_of_a_holder_known_to_run_is_never_timed_out_and_names_its_lease_and_job():
+    other = {"rollout_id": "ltsb", "run_id": "automation-job-4711-abcde-1-88", "controller": "automation-job-4711-abcde",
+             "pid": 1, "acquired_at": 0.0, "lease": "/runner/reports/rollout/ltsb/runs/x.lease", "awx_job_id": "4711"}
+    # Held for 8 hours (a drain waiting for a long job) by a run whose lease is renewed: refused.
+    alive = rollout_lock(other, OWNER, 28800.0, stale_after_s=21600, holder_alive=True)
+    assert alive["ok"] is False and alive["flags"] == ["locked"]
+    assert "controller automation-job-4711-abcde, pid 1) (AWX job 4711)" in alive["reasons"][0]
+    # Its lease no longer renewed (the job was cancelled): taken over at once, whatever its age.
+    gone = rollout_lock(dict(other, acquired_at=28700.0), OWNER, 28800.0, holder_alive=False)
+    assert gone["takeover"] is True and "(AWX job 4711): that run is gone" in gone["notes"][0]
+    # The new lock names this run's lease and job.
+    mine = rollout_lock(None, dict(OWNER, lease="/r/runs/ctl-100-5.lease", awx_job_id="4712"), 1.0)["lock"]
+    assert (mine["lease"], mine["awx_job_id"]) == ("/r/runs/ctl-100-5.lease", "4712")
+    assert "lease" not in rollout_lock(None, OWNER, 1.0)["lock"]
+
+
 # --- soak gate -------------------------------------------------------------------------------
 
 
