@@ -39,7 +39,13 @@ SIMFLEET_DIR = os.path.join(REPO, "tests", "simfleet")
 if SIMFLEET_DIR not in sys.path:
     sys.path.append(SIMFLEET_DIR)
 
-from test_rollout_fleet import BASELINE, INVENTORY_VARS, Rollouts, assert_on  # noqa: E402
+from test_rollout_fleet import (  # noqa: E402
+    BASELINE,
+    INVENTORY_VARS,
+    Rollouts,
+    assert_on,
+    benchmark_waiting_after_reboot,
+)
 from simfleet.testing import (  # noqa: E402
     SimFleet,
     ansible_env,
@@ -183,9 +189,8 @@ def test_a_cancelled_rollout_job_is_resumed_by_the_next(jobs):
     # in flight: on its new driver, drained, locked, not verified.
     extravars = {"driver_branch": "ltsb", "rollout_id": "awx", "rollout_hosts": "node01:node03",
                  "rollout_report_dir": report_dir, "rollout_soak_s": "0", "rollout_allow_no_golden": "true",
-                 "rollout_allow_no_canary": "true", "node_upgrade_benchmark_command": [
-                     "sh", "-c", 'if [ "$(hostname)" = node01 ] && [ "$(cat /sys/module/nvidia/version)" = 620.82.01 ] '
-                                 '&& mkdir /run/gpufleet-bench-waited 2>/dev/null; then sleep 300; fi; echo 100']}
+                 "rollout_allow_no_canary": "true",
+                 "node_upgrade_benchmark_command": benchmark_waiting_after_reboot("node01", "620.82.01")}
     seen = {}
 
     def cancel_when():

@@ -295,12 +295,17 @@ def test_bad_input_is_refused_before_any_host_is_touched(rollouts):
     assert not os.path.exists(os.path.join(rollouts.report_dir("bad"), "journal.jsonl"))
 
 
-# The benchmark the rollout runs before the install and after the reboot. On node04, once it has
-# rebooted into its new driver, it waits (once: the mark lives in /run) so that the controller can
-# be killed at that point: on target, still drained, not verified, its lock held.
-WAIT_AFTER_REBOOT = json.dumps({"node_upgrade_benchmark_command": [
-    "sh", "-c", 'if [ "$(hostname)" = node04 ] && [ "$(cat /sys/module/nvidia/version)" = 580.178.04 ] '
-                '&& mkdir /run/gpufleet-bench-waited 2>/dev/null; then sleep 300; fi; echo 100']})
+def benchmark_waiting_after_reboot(node, version):
+    """A ``node_upgrade_benchmark_command`` (run before the install and after the reboot) that, on
+    ``node`` once it has rebooted into ``version``, waits 300 s, once (the mark
+    ``/run/gpufleet-bench-waited`` lives until the next boot): the controller can be stopped there,
+    with the node on target, still drained, not verified, its lock held. Elsewhere it prints 100."""
+    return ["sh", "-c", 'if [ "$(hostname)" = %s ] && [ "$(cat /sys/module/nvidia/version)" = %s ] '
+                        '&& mkdir /run/gpufleet-bench-waited 2>/dev/null; then sleep 300; fi; echo 100'
+            % (node, version)]
+
+
+WAIT_AFTER_REBOOT = json.dumps({"node_upgrade_benchmark_command": benchmark_waiting_after_reboot("node04", "580.178.04")})
 
 
 def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts, tmp_path):
