@@ -63,7 +63,7 @@ options:
   lease:
     description:
       - The lease file the lock holder named (C(<report_dir>/runs/<run_id>.lease)), for O(state=probe) when the
-        holder ran on another controller (the next AWX job's container is another host): renewed within 300 s,
+        holder ran on another controller (the next AWX job's container is another host). Renewed within 300 s,
         the holder runs; older, it is gone; not visible here, unknown.
     type: str
 notes:

@@ -77,7 +77,7 @@ class Jobs(object):
         self.count = 0
 
     def run(self, playbook, extravars, limit=None, cancel_when=None):
-        """Run ``playbook`` (a path under playbooks/) as a new job; return ``(runner, artifact_data, root, ident)``.
+        """Run ``playbook`` (a path under playbooks/) as a new job; return ``(runner, artifact_data, fact cache)``.
 
         ``cancel_when``: a callable polled by the runner; once it returns true the job is
         cancelled as AWX cancels it.
@@ -93,8 +93,8 @@ class Jobs(object):
         with open(os.path.join(root, "env", "extravars"), "w") as handle:
             json.dump(extravars, handle)
         env = ansible_env(self.rollouts.env)
-        envvars = dict((key, env[key]) for key in ("PATH", "ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH",
-                                                    "ANSIBLE_HOST_KEY_CHECKING") if key in env)
+        keep = ("PATH", "ANSIBLE_CONFIG", "ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_HOST_KEY_CHECKING")
+        envvars = dict((key, env[key]) for key in keep if key in env)
         with open(os.path.join(root, "env", "envvars"), "w") as handle:
             json.dump(envvars, handle)
         kwargs = {}
@@ -102,7 +102,7 @@ class Jobs(object):
             kwargs["cancel_callback"] = cancel_when
         runner = ansible_runner.run(private_data_dir=root, playbook="playbooks/" + playbook, ident=ident,
                                     limit=limit, quiet=True, **kwargs)
-        return runner, stats_artifacts(root, ident), root, ident
+        return runner, stats_artifacts(root, ident), os.path.join(root, "artifacts", ident, "fact_cache")
 
 
 def stats_artifacts(root, ident):
@@ -138,15 +138,16 @@ def jobs(tmp_path_factory):
 def facts_job(jobs, facts_dir, limit=None):
     """The facts job: each node's ``ansible_facts.nvidia`` into ``facts_dir`` (the persistent volume)."""
     os.makedirs(facts_dir, exist_ok=True)
-    runner, _, root, ident = jobs.run("facts.yml", {"gpufleet_facts_dir": facts_dir}, limit=limit)
+    runner, published, fact_cache = jobs.run("facts.yml", {"gpufleet_facts_dir": facts_dir}, limit=limit)
     assert (runner.rc, runner.status) == (0, "successful"), runner.stdout.read()[-3000:]
-    return runner, os.path.join(root, "artifacts", ident, "fact_cache")
+    assert published == {}  # the facts job publishes nothing
+    return runner, fact_cache
 
 
 def drift_job(jobs, name, source, path):
     out = os.path.join(jobs.rollouts.dir, "drift-" + name)
-    runner, published, _, _ = jobs.run("drift_report.yml", {
-        "drift_source": source, "drift_path": path, "drift_output_dir": out, "drift_report_only": "true"})
+    runner, published = jobs.run("drift_report.yml", {
+        "drift_source": source, "drift_path": path, "drift_output_dir": out, "drift_report_only": "true"})[:2]
     assert (runner.rc, runner.status) == (0, "successful"), runner.stdout.read()[-3000:]
     with open(os.path.join(out, "drift-report.json")) as handle:
         return published["gpufleet_drift"], json.load(handle)
@@ -168,7 +169,7 @@ def test_sliced_facts_jobs_give_the_drift_of_one_job_from_either_fact_form(jobs)
     # The same facts gathered by two slices: slice 1 takes node01 and node03, slice 2 node02.
     sliced_dir = os.path.join(jobs.rollouts.dir, "facts-sliced")
     for hosts in (["node01", "node03"], ["node02"]):
-        runner, _ = facts_job(jobs, sliced_dir, limit=",".join(hosts))
+        runner = facts_job(jobs, sliced_dir, limit=",".join(hosts))[0]
         assert set(runner.stats["ok"]) == set(hosts)
     sliced, sliced_report = drift_job(jobs, "sliced", "dir", sliced_dir)
     # The H100s run 700 W against a declared 600 W; the A100 declares nothing: in sync.
@@ -177,7 +178,7 @@ def test_sliced_facts_jobs_give_the_drift_of_one_job_from_either_fact_form(jobs)
     for other in (cached, sliced):
         assert (other["drifted_nodes"], other["summary"]) == (one["drifted_nodes"], one["summary"])
     power = power_findings(one_report)
-    assert len(power) == 16 and all(actual == 700.0 and expected == 600.0 for _, _, actual, expected in power)
+    assert len(power) == 16 and all(found[2:] == (700.0, 600.0) for found in power)
     assert power_findings(cached_report) == power and power_findings(sliced_report) == power
 
 
@@ -202,7 +203,7 @@ def test_a_cancelled_rollout_job_is_resumed_by_the_next(jobs):
                 seen["cancel"] = True
         return bool(seen.get("cancel"))
 
-    runner, published, _, _ = jobs.run("rollout.yml", extravars, cancel_when=cancel_when)
+    runner, published = jobs.run("rollout.yml", extravars, cancel_when=cancel_when)[:2]
     assert seen.get("cancel"), "the first job ended before it could be cancelled: %s" % runner.stdout.read()[-3000:]
     assert runner.status == "canceled"
     assert "gpufleet_rollout" not in (published or {})  # cancelled mid-step: nothing published
@@ -210,7 +211,7 @@ def test_a_cancelled_rollout_job_is_resumed_by_the_next(jobs):
     assert node03["result"] == "upgraded" and rollouts.record("awx", "node01") is None
     assert rollouts.drained("node01") and rollouts.lock_exists("node01")
 
-    runner, published, _, _ = jobs.run("rollout.yml", extravars)
+    runner, published = jobs.run("rollout.yml", extravars)[:2]
     assert (runner.rc, runner.status) == (0, "successful"), runner.stdout.read()[-3000:]
     outcome = published["gpufleet_rollout"]
     assert outcome["rollout_id"] == "awx" and outcome["status"] == "completed"
