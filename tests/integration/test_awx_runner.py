@@ -39,21 +39,8 @@ SIMFLEET_DIR = os.path.join(REPO, "tests", "simfleet")
 if SIMFLEET_DIR not in sys.path:
     sys.path.append(SIMFLEET_DIR)
 
-from test_rollout_fleet import (  # noqa: E402
-    BASELINE,
-    INVENTORY_VARS,
-    Rollouts,
-    assert_on,
-    benchmark_waiting_after_reboot,
-)
-from simfleet.testing import (  # noqa: E402
-    SimFleet,
-    ansible_env,
-    baseline_playbook,
-    fleet_unavailable,
-    make_fleet,
-    session_fleet_name,
-)
+from test_rollout_fleet import INVENTORY_VARS, assert_on, benchmark_waiting_after_reboot, rollout_fleet  # noqa: E402
+from simfleet.testing import ansible_env, session_fleet_name  # noqa: E402
 
 ansible_runner = pytest.importorskip("ansible_runner")
 
@@ -118,21 +105,9 @@ def stats_artifacts(root, ident):
 
 @pytest.fixture(scope="module")
 def jobs(tmp_path_factory):
-    reason = fleet_unavailable()
-    if reason:
-        pytest.skip(reason)
-    fleet = make_fleet(session_fleet_name("pytest-awx-runner"), None, LAYOUT, os.environ.get("AWX_RUNNER_PORTS"))
-    try:
-        handle = Rollouts(SimFleet(fleet), str(tmp_path_factory.mktemp("awx-runner")), inventory=INVENTORY)
-        baseline = os.path.join(handle.dir, "baseline.yml")
-        with open(baseline, "w") as out:
-            out.write(baseline_playbook(BASELINE))
-        code, log = handle.run(baseline)
-        assert code == 0, log[-4000:]
+    for handle in rollout_fleet(tmp_path_factory, session_fleet_name("pytest-awx-runner"), None, LAYOUT,
+                                inventory=INVENTORY):
         yield Jobs(handle)
-    finally:
-        if os.environ.get("SIMFLEET_TEST_KEEP") != "1":
-            fleet.down(purge=True)
 
 
 def facts_job(jobs, facts_dir, limit=None):
