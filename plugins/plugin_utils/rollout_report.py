@@ -147,16 +147,26 @@ def merge_record(old: Optional[Mapping[str, Any]], new: Mapping[str, Any]) -> Di
 
 def resolution_note(resolved: Optional[Mapping[str, Any]], catalog: Optional[Mapping[str, Any]] = None,
                     today: Optional[str] = None) -> Optional[str]:
-    """Why a branch class resolved to an older branch for this node (e.g. V100 on ``ltsb``).
+    """What an operator should know about the version this node got: why a branch class resolved
+    to an older branch (e.g. V100 on ``ltsb``), and the resolver's warnings (a version that is in
+    the repository but not in the catalog, an end-of-life branch).
 
     :param resolved: ``driver_resolve``'s ``resolved`` (``branch``, ``architectures``,
-        ``requested.branch``).
+        ``requested.branch``, ``warnings``).
     :returns: ``"ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta"``,
-        or ``None`` when the node got the newest branch of the class or asked for a branch number.
-    Source: the branch catalog (``branch_catalog.get_catalog``).
+        ``"620.82.01 is in the repository but not in the catalog (as of 2026-11-20)"``, both joined
+        with ``"; "``, or ``None`` when there is nothing to say.
+    Source: the branch catalog (``branch_catalog.get_catalog``) and ``branch_catalog.resolve``.
     """
     if not resolved:
         return None
+    warnings = [str(w) for w in resolved.get("warnings") or [] if w]
+    note = _branch_note(resolved, catalog, today)
+    parts = ([note] if note else []) + warnings
+    return "; ".join(parts) if parts else None
+
+
+def _branch_note(resolved: Mapping[str, Any], catalog: Optional[Mapping[str, Any]], today: Optional[str]) -> Optional[str]:
     requested = str(((resolved.get("requested") or {}).get("branch")) or "").lower()
     if requested not in branch_catalog.BRANCH_CLASSES:
         return None
@@ -253,11 +263,17 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
             status = "completed"
         else:
             status = "in_progress"
-    notes = []
+    # One line per note, with the nodes it applies to (a version outside the catalog is said once
+    # for the fleet, not once per node).
+    noted = {}  # type: Dict[str, List[str]]
     for node in nodes:
         note = (node.get("target") or {}).get("note")
         if note:
-            notes.append("%s: %s" % (node["node"], note))
+            for part in str(note).split("; "):
+                noted.setdefault(part, []).append(node["node"])
+    notes = ["%s: %s" % (names[0], text) if len(names) == 1 else
+             "%s (%d nodes: %s)" % (text, len(names), ", ".join(names[:8]) + (", ..." if len(names) > 8 else ""))
+             for text, names in noted.items()]
     started = [n.get("started_epoch") for n in nodes if n.get("started_epoch") is not None]
     finished = [n.get("finished_epoch") for n in nodes if n.get("finished_epoch") is not None]
     wall = round(max(finished) - min(started), 1) if started and finished else None

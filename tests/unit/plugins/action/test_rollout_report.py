@@ -231,3 +231,28 @@ def test_cut_off_node_is_recorded_out_of_service_with_how_far_it_got():
     signature = rollout_budget.failure_signature(early)
     assert signature == {"signature": "interrupted", "implicates_driver": False}
     assert rollout_budget.failure_signature(record)["implicates_driver"] is True
+
+
+def test_resolution_note_carries_the_resolvers_warnings():
+    """A version outside the catalog (the demo's 620.82.01) is said in the report, not only in a warning."""
+    warning = "620.82.01 is in the repository but not in the catalog (as of 2026-11-20)"
+    newest = {"branch": "620", "architectures": ["hopper"], "requested": {"branch": "ltsb"}, "warnings": [warning]}
+    assert rr.resolution_note(newest) == warning
+    volta = {"branch": "580", "architectures": ["volta"], "requested": {"branch": "ltsb"}, "warnings": [warning]}
+    note = rr.resolution_note(volta)
+    assert note.startswith("ltsb resolves to R580 for Volta") and note.endswith("; " + warning)
+    assert rr.resolution_note({"branch": "620", "architectures": ["hopper"], "requested": {"branch": "620"},
+                               "warnings": []}) is None
+
+
+def test_a_note_shared_by_nodes_is_one_line():
+    warning = "620.82.01 is in the repository but not in the catalog (as of 2026-11-20)"
+    report = rr.build_report(PLAN, {
+        "h1": record("h1", "golden", "upgraded", note=warning),
+        "a1": record("a1", "canary", "upgraded", note=warning),
+        "v1": record("v1", "waves", "upgraded", after="580.178.04", target="580.178.04",
+                     note="ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta"),
+    })
+    assert report["notes"] == [warning + " (2 nodes: h1, a1)",
+                               "v1: ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta"]
+    assert "- " + warning + " (2 nodes: h1, a1)" in rr.render_markdown(report)
