@@ -17,7 +17,7 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import pid_alive, run_identity
 
 ARGUMENT_SPEC = {
-    "state": {"type": "str", "required": True, "choices": ["start", "probe", "record", "finish", "render"]},
+    "state": {"type": "str", "required": True, "choices": ["start", "probe", "record", "finish", "render", "golden"]},
     "report_dir": {"type": "path"},
     "rollout_id": {"type": "str"},
     "plan": {"type": "dict"},
@@ -26,13 +26,16 @@ ARGUMENT_SPEC = {
     "pid": {"type": "int"},
     "lease": {"type": "str"},
     "hold": {"type": "bool", "default": False},
+    "node_class": {"type": "str"},
 }
 
 
 def _journal_event(record, hold, stamp):
     """The rollout journal's event for a node record (``rollout_journal``)."""
+    changes = (record.get("contract") or {}).get("changes") if isinstance(record.get("contract"), dict) else None
+    extra = {"contract_changes": changes} if record.get("stage") == "golden" and isinstance(changes, list) else {}
     if hold:
-        return {"event": "held", "node": record["node"], "time": stamp}
+        return dict({"event": "held", "node": record["node"], "time": stamp}, **extra)
     if record.get("result") == "pending":
         return {"event": "pending", "node": record["node"], "run_id": record.get("run_id"), "time": stamp}
     result = record.get("result") or "failed"
@@ -43,6 +46,8 @@ def _journal_event(record, hold, stamp):
         event["out_of_service"] = True
     if event["status"] == "failed":
         event.update(rollout_budget.failure_signature(record))
+    elif event["status"] == "done":
+        event.update(extra)
     return event
 
 
@@ -102,6 +107,11 @@ class ActionModule(ControllerAction):
             plan.setdefault("started_at", iso)
             plan["runs"] = [result["run"]["run_id"]]
             result["plan_path"] = rollout_report.write_plan(directory, plan)
+        if state == "golden":
+            if not args["node_class"]:
+                raise AnsibleActionFail("rollout_report: state=golden needs node_class")
+            result["golden"] = rollout_report.golden_contract(directory, args["node_class"])
+            return result
         if state == "finish":
             if not args["record"] or not args["record"].get("node"):
                 raise AnsibleActionFail("rollout_report: state=finish needs record.node")

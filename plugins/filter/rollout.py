@@ -13,7 +13,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_verdict as rv
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import schedule
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report, scheduler_state
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import contract_decision, rollout_report, scheduler_state
 
 
 def _call(func, *args, **kwargs):
@@ -109,6 +109,11 @@ def rollout_resolution_note(resolved):
     return rollout_report.resolution_note(resolved or None)
 
 
+def rollout_contract(after, before, policy=None, keep_after=False):
+    """A node's contract diff for its rollout record, with what the node itself explains."""
+    return _call(contract_decision.record_contract, after or None, before or None, policy or None, bool(keep_after))
+
+
 class FilterModule(object):
     """Rollout filters."""
 
@@ -129,4 +134,5 @@ class FilterModule(object):
             "rollout_gate": rollout_gate,
             "rollout_versions": rollout_versions,
             "rollout_resolution_note": rollout_resolution_note,
+            "rollout_contract": rollout_contract,
         }

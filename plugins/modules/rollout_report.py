@@ -35,7 +35,7 @@ options:
     description: What to do.
     type: str
     required: true
-    choices: [start, probe, record, finish, render]
+    choices: [start, probe, record, finish, render, golden]
   report_dir:
     description: The rollout's report directory on the controller (one per rollout id).
     type: path
@@ -54,6 +54,11 @@ options:
         before its soak and the check after it); O(state=finish) ends it.
     type: bool
     default: false
+  node_class:
+    description:
+      - With O(state=golden), the GPU class (C(gpu_h100)) whose golden node's contract after its update is returned
+        in C(golden), the contract the rest of the class must match.
+    type: str
   controller:
     description: Controller host name of the lock holder to probe.
     type: str
@@ -102,6 +107,12 @@ run:
   type: dict
   sample: {"run_id": "ctl-4242-1234567", "controller": "ctl", "pid": 4242, "ticks": 1234567, "awx_job_id": "4711",
            "started_at": "2026-11-29T10:00:00Z", "lease": "/runner/reports/rollout/driver-ltsb/runs/ctl-4242-1234567.lease"}
+golden:
+  description:
+    - With O(state=golden), C({node, contract}) of the class's first golden node that passed and kept its contract,
+      or null when there is none yet.
+  returned: when O(state=golden)
+  type: dict
 alive:
   description:
     - Whether the probed run still runs; V(null) when it cannot be told from here (another controller and no lease

@@ -56,6 +56,8 @@ import math
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import contract_decision
+
 STAGES = ("golden", "canary", "waves")
 _RANK = {"golden": 0, "canary": 1, "waves": 2}
 
@@ -68,6 +70,7 @@ STOP_CODES = {
     "stage_failure": "a golden or canary node failed (zero tolerance)",
     "failure_budget": "the failures of a class exceeded its failure budget",
     "driver_implicated": "several nodes failed with the same signature on the same target",
+    "contract_unexplained": "a golden node's hardware contract changed in a way nothing explains",
 }
 
 DEFAULTS = {
@@ -80,6 +83,8 @@ DEFAULTS = {
     "window_initial": 1,
     "window_growth": 2,
     "canary_quorum": "50%",
+    "contract_changes": "stop",
+    "contract_accept": [],
 }
 
 _PCT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
@@ -177,7 +182,8 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
 
     :param options: ``{"max_unavailable", "max_unavailable_domain", "failure_budget",
         "signature_limit", "background_failure_rate", "signature_alpha", "window_initial",
-        "window_growth", "canary_quorum"}``; values may be text (extra vars).
+        "window_growth", "canary_quorum", "contract_changes" (stop | warn), "contract_accept"
+        (patterns, contract_decision.parse_accept)}``; values may be text (extra vars).
     :returns: the same keys with amounts as :func:`parse_amount` tuples and numbers as numbers.
     :raises ValueError: naming the first bad value, or an option that does not exist.
     """
@@ -197,6 +203,8 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
         "window_initial": _positive_int(raw["window_initial"], "rollout_window_initial"),
         "window_growth": _non_negative_number(raw["window_growth"], "rollout_window_growth"),
         "canary_quorum": parse_amount(raw["canary_quorum"], "rollout_canary_quorum"),
+        "contract_changes": contract_decision.parse_mode(raw["contract_changes"]),
+        "contract_accept": contract_decision.parse_accept(raw["contract_accept"]),
     }
     return out
 
@@ -359,12 +367,13 @@ def stop_reason(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
     :returns: ``{"code" (a :data:`STOP_CODES` key), "reason" (a sentence), "nodes": [names],
         "class"?, "signature"?, "target"?}``. Checked in order: a golden / canary failure that
         the driver can be blamed for (not :func:`blameless`), a repeated signature on one
-        target, a class over its failure budget.
+        target, a class over its failure budget, a golden node's unexplained contract change
+        (:func:`contract_stop`).
     """
     rows = rows if rows is not None else budgets(nodes, options)
     failed = [n for n in nodes if n.get("status") == "failed"]
     if not failed:
-        return None
+        return contract_stop(nodes, options)
     early = [n for n in failed if n.get("stage") in ("golden", "canary") and not blameless(n)]
     if early:
         first = early[0]
@@ -397,6 +406,42 @@ def stop_reason(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
             return _stop("failure_budget", "failure budget of class %s exceeded: %d nodes failed after the install "
                          "(budget %d of %d nodes)" % (klass, row["failed_after_install"], row["failure_budget"],
                                                       row["nodes"]), nodes=names, **{"class": klass})
+    return contract_stop(nodes, options)
+
+
+def contract_verdicts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
+    """What each class's golden node's contract changes come to under the current options.
+
+    :param nodes: as for :func:`decide`; a golden node upgraded in this rollout carries
+        ``contract_changes`` (``contract_decision.classify``) from its record.
+    :returns: ``{class: {"node": the first golden node (plan order) with changes on record,
+        "changes": contract_decision.resolve(...), "unexplained": [change]}}``; classes whose
+        golden node has no record of its changes yet are absent.
+    """
+    out = {}  # type: Dict[str, Dict[str, Any]]
+    for node in nodes:
+        if node.get("stage") != "golden" or node["class"] in out or node.get("contract_changes") is None \
+                or node.get("status") not in ("in_flight", "done"):
+            continue
+        changes = contract_decision.resolve(node["contract_changes"], options.get("contract_accept") or [])
+        out[node["class"]] = {"node": node["name"], "changes": changes,
+                              "unexplained": [c for c in changes if c["decision"] == "unexplained"]}
+    return out
+
+
+def contract_stop(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """The stop for a golden node's unexplained contract change (``contract_changes: stop``), or ``None``.
+
+    Checked as soon as the golden node is recorded (during its soak), so its class's canary pool
+    does not start. Accepting the changes (``contract_accept``) and deciding again lifts it.
+    """
+    if options.get("contract_changes", "stop") != "stop":
+        return None
+    for klass, verdict in sorted(contract_verdicts(nodes, options).items()):
+        if verdict["unexplained"]:
+            return _stop("contract_unexplained", contract_decision.stop_reason(verdict["node"], klass,
+                                                                               verdict["unexplained"]),
+                         nodes=[verdict["node"]], **{"class": klass})
     return None
 
 
@@ -469,14 +514,16 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
         against the budget, is not started), "draining"?: bool (in flight, still waiting for its
         drain: it keeps its slot and holds no stage open), "domain"?: failure domain, "finished_at"?: epoch s,
         "changed"?: False for a node that was already on target, "signature"?,
-        "implicates_driver"?: bool, "target"?: version}``.
+        "implicates_driver"?: bool, "target"?: version, "contract_changes"?: a golden node's
+        ``contract_decision.classify`` from its record}``.
     :param options: from :func:`normalize_options`.
     :param candidates: names this step may start (the step's hosts); ``None``: any.
     :param limit: start at most this many (the controller's free workers); ``None``: no limit.
     :returns: ``{"action": "start" | "wait" | "done" | "stop", "start": [names], "stages":
         {class: the stage open for it (:func:`stage_gates`)}, "stop": :func:`stop_reason`
         | None, "budgets": :func:`budgets`, "quarantined": [failed nodes], "deferred": [nodes
-        still to do that are out of service], "in_flight": n, "stand_ins": :func:`stand_ins`}``.
+        still to do that are out of service], "in_flight": n, "stand_ins": :func:`stand_ins`,
+        "contract": :func:`contract_verdicts`}``.
         ``done``: nothing is running and nothing is left that can start now (``deferred`` lists
         what waits for its node). Stand-ins are decided in the stage they take.
     """
@@ -489,7 +536,8 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
     result = {"action": "wait", "start": [], "stages": {}, "stop": stop, "budgets": rows,
               "quarantined": quarantined, "deferred": deferred, "in_flight": in_flight,
               "stand_ins": dict((n["name"], {"stage": n["stage"], "replaces": n["stand_in_for"]})
-                                for n in nodes if n.get("stand_in_for"))}
+                                for n in nodes if n.get("stand_in_for")),
+              "contract": contract_verdicts(nodes, options)}
     if stop is not None:
         result["action"] = "stop"
         return result

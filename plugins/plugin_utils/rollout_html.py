@@ -210,14 +210,20 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
                             "result": entry["result"], "after": node.get("after", "-"), "reason": node.get("reason")
                             or entry.get("reason") or "-"})
     golden = []
+    verdicts = report.get("contract") or {}
     for node in nodes:
         entries = contract_entries(node["record"])
         if node["stage"] == "golden" and entries is not None:
-            decision = (node["record"].get("contract") or {}).get("decision") \
-                if isinstance(node["record"].get("contract"), Mapping) else None
+            verdict = verdicts.get(node["class"]) or {}
+            if verdict.get("node") == node["node"]:
+                lines = ["%s: %s" % (c.get("text"), c.get("why")) for c in verdict.get("changes") or []]
+                unexplained = len(verdict.get("unexplained") or [])
+                decision = ("%d unexplained: the class's canary stage waits" % unexplained) if unexplained \
+                    else "every change explained"
+            else:
+                lines, decision = [_describe(e) for e in entries], None
             golden.append({"node": node["node"], "class": node["class"], "before": node["before"],
-                           "after": node["after"], "lines": [_describe(e) for e in entries],
-                           "decision": decision if isinstance(decision, str) else None})
+                           "after": node["after"], "lines": lines, "decision": decision})
     budgets = []
     for klass, row in sorted((report.get("budgets") or {}).items()):
         budgets.append({"name": klass, "nodes": row.get("nodes"), "max_unavailable": row.get("max_unavailable"),

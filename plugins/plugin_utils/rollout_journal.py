@@ -14,8 +14,9 @@ controller killed anywhere leaves every line it wrote whole:
   — its transaction ended (for a golden or canary node: after its soak and the check after it);
   ``out_of_service``: refused because someone else drained it (it counts against its class's
   capacity budget);
-* ``{"event": "held", "node", "time"}`` — the node's transaction ended but it is still soaking:
-  it stays in flight;
+* ``{"event": "held", "node", "time", "contract_changes"?}`` — the node's transaction ended but
+  it is still soaking: it stays in flight. A golden node's ``held`` and ``finished`` events carry
+  its contract changes (``contract_decision.classify``), which decide its class's canary stage;
 * ``{"event": "draining", "node", "time"}`` and ``{"event": "drained", "node", "time"}`` — the
   node's drain was requested, and it completed: between the two the node is in flight and
   ``draining`` (it keeps its slot and holds no stage open, ``rollout_budget.stage_gates``). A
@@ -75,7 +76,7 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
         only the last line of a killed writer can be cut, and it said nothing yet).
     :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
         "finished_at", "result", "changed", "signature", "implicates_driver", "target",
-        "run_id", "draining"?, "pending"?}}``; nodes the journal never named are absent (not started);
+        "run_id", "draining"?, "pending"?, "contract_changes"?}}``; nodes the journal never named are absent (not started);
         ``pending`` is true for a node in flight that waits for its scheduler's reboot.
     """
     state = {}  # type: Dict[str, Dict[str, Any]]
@@ -94,6 +95,8 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
         elif kind == "held":
             node["status"] = "in_flight"
             node.pop("draining", None)
+            if isinstance(event.get("contract_changes"), list):
+                node["contract_changes"] = event["contract_changes"]
         elif kind in ("draining", "drained") and node.get("status") == "in_flight":
             node["draining"] = kind == "draining"
         elif kind == "pending":
@@ -105,6 +108,8 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
             for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id",
                         "out_of_service"):
                 node[key] = event.get(key)
+            if isinstance(event.get("contract_changes"), list):
+                node["contract_changes"] = event["contract_changes"]
             node.pop("draining", None)
             node.pop("pending", None)
             node["finished_at"] = event.get("time")
@@ -126,7 +131,7 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
     :param plan: ``plan.json`` (``nodes``: ``[{"name", "stage", "class", "domain"}]``).
     :param journal: :func:`read`.
     :returns: ``[{"name", "stage", "class", "domain", "status", "signature"?,
-        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?}]``.
+        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?, "contract_changes"?}]``.
     """
     nodes = []
     for node in plan.get("nodes") or []:
@@ -134,7 +139,7 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
         row = dict(node)
         row["status"] = state.get("status") or "pending"
         for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service",
-                    "draining"):
+                    "draining", "contract_changes"):
             if state.get(key) is not None:
                 row[key] = state[key]
         nodes.append(row)

@@ -207,7 +207,8 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
         (rollout_verdict.next_step), or {"node", "stage", "result": "not_started"}] in plan order,
         "notes": [str],
         "wall_s": float | None, "stop_reason": str | None, "quarantined": [{"node", "stage", "result",
-        "reason"}], "deferred": [names], "budgets": {...} | None}``.
+        "reason"}], "deferred": [names], "budgets": {...} | None, "contract": {class: the golden
+        node's contract changes and how each is explained (``rollout_budget.contract_verdicts``)}}``.
     :param decision: ``rollout_budget.decide`` over the journal (a rollout run in steps): then the
         status is the decision's (``stopped`` with its reason, ``completed`` when nothing is left,
         quarantined nodes included), ``stopped_by`` lists the nodes the stop names and
@@ -254,6 +255,13 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
     if decision is not None:
         named = set((stop or {}).get("nodes") or [])
         stopped_by = [entry for entry in failed if entry["node"] in named]
+        if (stop or {}).get("code") == "contract_unexplained":
+            # The golden node passed; what stops the rollout is what its update changed.
+            stopped_by = [{"node": n["node"], "stage": n.get("stage"), "result": n.get("result"), "reason": stop["reason"],
+                           "next_step": "review the contract changes (docs/contract.md); accept them with "
+                                        "rollout_contract_accept and run the same rollout again, or roll %s back "
+                                        "with rollback.yml --limit %s" % (n["node"], n["node"])}
+                          for n in nodes if n["node"] in named]
         status = "stopped" if stop else "completed" if decision.get("action") == "done" else "in_progress"
     else:
         stopped_by = failed
@@ -283,7 +291,8 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
             "wall_s": wall, "stop_reason": (stop or {}).get("reason"),
             "quarantined": [entry for entry in failed if entry["result"] != "refused"] if decision is not None else [],
             "deferred": list((decision or {}).get("deferred") or []),
-            "budgets": (decision or {}).get("budgets")}
+            "budgets": (decision or {}).get("budgets"),
+            "contract": dict((decision or {}).get("contract") or {})}
 
 
 _MARKDOWN = """\
@@ -296,6 +305,13 @@ Status: **{{ r.status }}**{{ (': ' ~ (r.stop_reason | md)) if r.stop_reason else
 {{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.\
 {{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
 
+{% if r.contract_lines %}
+Hardware contract, decided by each class's golden node:
+{% for line in r.contract_lines %}
+- {{ line | md }}
+{% endfor %}
+
+{% endif %}
 | stage | nodes | upgraded | skipped | rolled back | flagged | refused | not started |
 |---|---:|---:|---:|---:|---:|---:|---:|
 {% for st in r.stages %}
@@ -333,6 +349,24 @@ def _md(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def contract_lines(verdicts: Mapping[str, Mapping[str, Any]]) -> List[str]:
+    """One line per class on its golden node's contract changes and how each is explained:
+    ``"gpu_h100 (node01): 1 unexplained: CUDA 13.0 → 13.5 (the driver's own); reserved memory 480 → 544
+    MiB on 8 GPUs (unexplained)"``.
+
+    :param verdicts: ``rollout_budget.contract_verdicts`` (the report's ``contract``).
+    """
+    lines = []
+    for klass, verdict in sorted(verdicts.items()):
+        changes = verdict.get("changes") or []
+        unexplained = verdict.get("unexplained") or []
+        head = "%s (%s): %s" % (klass, verdict.get("node"), ("%d unexplained" % len(unexplained)) if unexplained
+                                else "every change explained" if changes else "no change")
+        lines.append(head + (": " + "; ".join("%s (%s)" % (c.get("text"), c.get("why")) for c in changes)
+                             if changes else ""))
+    return lines
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The rollout report as Markdown (Jinja2): status, a table per stage, a row per node, notes."""
     env = Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True,
@@ -358,6 +392,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         })
     view = dict(report)
     view["nodes"] = safe_nodes
+    view["contract_lines"] = contract_lines(report.get("contract") or {})
     return env.from_string(_MARKDOWN).render(r=view, s=report["summary"])
 
 
@@ -380,6 +415,27 @@ def read_records(directory: str) -> Dict[str, Dict[str, Any]]:
                 if record is not None:
                     out[name[:-5]] = record
     return out
+
+
+def golden_contract(directory: str, klass: str) -> Optional[Dict[str, Any]]:
+    """The contract a class's golden node had after its update, which the rest of the class must match.
+
+    :param directory: the rollout's report directory (I/O: reads ``plan.json`` and the golden
+        nodes' records).
+    :param klass: the GPU class (``gpu_h100``).
+    :returns: ``{"node", "contract"}`` of the first golden node of the class (plan order) whose
+        record is ``upgraded`` or ``skipped`` and keeps its contract (``contract.after``), or
+        ``None`` when there is none yet (the class has no golden node, or it has not passed).
+    """
+    plan = _load(os.path.join(directory, "plan.json")) or {}
+    for node in plan.get("nodes") or []:
+        if not isinstance(node, Mapping) or node.get("stage") != "golden" or node.get("class") != klass:
+            continue
+        record = _load(os.path.join(directory, "nodes", "%s.json" % node.get("name"))) or {}
+        contract = record.get("contract") if isinstance(record.get("contract"), Mapping) else {}
+        if record.get("result") in ("upgraded", "skipped") and isinstance(contract.get("after"), Mapping):
+            return {"node": node.get("name"), "contract": contract["after"]}
+    return None
 
 
 def write_plan(directory: str, plan: Mapping[str, Any]) -> str:

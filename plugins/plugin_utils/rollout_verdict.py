@@ -37,6 +37,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import 
     unlisted_gpus,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import classify
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import contract_decision
 
 #: Stable codes of the verdicts' ``flags`` (a verdict's ``flags`` list uses only these).
 FLAGS = {
@@ -70,6 +71,7 @@ FLAGS = {
     "rebooted": "the node rebooted during the soak",
     "xid_rate": "more Xid events during the soak than allowed",
     "gpu_count_unknown_before": "the snapshot saw no GPU (no driver then): the count is not compared",
+    "contract_outlier": "the node's hardware contract differs from its class's golden node after the update",
 }
 
 _DEFAULT_OPTIONS = {
@@ -83,6 +85,8 @@ _DEFAULT_OPTIONS = {
     "benchmark_higher_is_better": True,
     "require_benchmark": False,
     "rollback_available": True,
+    "golden": None,
+    "golden_ignore": (),
 }
 
 
@@ -381,7 +385,8 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
     * no GPU that needs a reset or that the driver reports unusable, and no driver module the kernel
       refused (gpu_health.node_health: Xid, driver message, NVML or nvidia-smi field);
     * the policy report (when given) shows every managed setting in effect;
-    * the benchmark (when given) reaches ``benchmark_threshold`` × the snapshot's result.
+    * the benchmark (when given) reaches ``benchmark_threshold`` × the snapshot's result;
+    * the hardware contract matches the class's golden node's (when ``golden`` is given).
 
     :param after: ``ansible_facts.nvidia`` read after the reboot (first, as the ``rollout_verify``
         filter takes it).
@@ -394,10 +399,13 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
         ``after_boot_id``, else True), ``ignore_xids`` (list of int), ``allow_gpu_count_change``,
         ``require_policy``, ``benchmark_threshold`` (0.9), ``benchmark_higher_is_better`` (True),
         ``require_benchmark``, ``rollback_available`` (False when no last known-good version
-        differs from the target).
+        differs from the target), ``golden`` (``{"node", "contract"}``: the class's golden node
+        after its update; the node's contract must match it, ``contract_decision.golden_match``)
+        and ``golden_ignore`` (field patterns left out of that comparison).
     :returns: ``{"ok", "reasons", "flags", "rollback": bool (not ok and a rollback is possible),
         "notes": [str], "versions": {"before", "after"}, "gpu_count": {"before", "after"},
-        "new_fatal_xids": {"<xid>": n}, "benchmark": {...} | None}``.
+        "new_fatal_xids": {"<xid>": n}, "benchmark": {...} | None, "golden":
+        contract_decision.golden_match | None}``.
     :raises ValueError: for a benchmark threshold outside (0, 1].
     """
     opts = _options(options)
@@ -430,6 +438,7 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
         _fail(result, "new_fatal_xid", "new fatal Xid since the snapshot: %s%s" % (
             _describe_xids(new), (" on " + ", ".join(devices)) if devices else ""))
     _verify_usable(result, after, opts)
+    _verify_golden(result, after, opts)
     _verify_policy(result, policy_report, opts)
     _verify_benchmark(result, benchmark, opts)
     if not result["ok"]:
@@ -438,6 +447,14 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
         else:
             _note(result, "no_known_good", FLAGS["no_known_good"])
     return result
+
+
+def _verify_golden(result: Dict[str, Any], after: Mapping[str, Any], opts: Mapping[str, Any]) -> None:
+    match = contract_decision.golden_match(after.get("contract"), opts.get("golden"), opts.get("golden_ignore") or ())
+    result["golden"] = match
+    if match is not None and not match["matches"]:
+        _fail(result, "contract_outlier", "hardware contract differs from golden node %s: %s"
+              % (match["node"], "; ".join(match["reasons"])))
 
 
 def _verify_gpus(result: Dict[str, Any], before: Optional[Mapping[str, Any]], after: Mapping[str, Any],

@@ -30,14 +30,15 @@ DEFAULT_TEST_LAYOUT = "h100,a100,l40s,v100"
 
 def _fleet_driver_vars() -> str:
     """The driver role's variables of ``inventories/simfleet/group_vars/all.yml`` (the fleet's signed
-    repository and key, no pynvml install, each GPU class's architecture and Fabric Manager), with
-    the catalog's date pinned for the tests, as lines to put under ``all: vars:``."""
+    repository and key, no pynvml install, each GPU class's architecture and Fabric Manager) and the
+    contract changes its operators accepted, with the catalog's date pinned for the tests, as
+    lines to put under ``all: vars:``."""
     import yaml  # pylint: disable=import-outside-toplevel
 
     with open(os.path.join(REPO_ROOT, "inventories", "simfleet", "group_vars", "all.yml"), encoding="utf-8") as handle:
         declared = yaml.safe_load(handle)
     chosen = dict((key, value) for key, value in declared.items()
-                  if key.startswith("driver_") or key == "gpufleet_simfleet_architectures")
+                  if key.startswith("driver_") or key in ("gpufleet_simfleet_architectures", "rollout_contract_accept"))
     chosen["driver_today"] = "2026-11-29"
     text = yaml.safe_dump(chosen, default_flow_style=False, sort_keys=True, width=1000)
     return "".join("    " + line + "\n" for line in text.splitlines())

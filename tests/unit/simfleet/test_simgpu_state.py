@@ -75,6 +75,8 @@ def test_concurrent_updates_are_not_lost(tmp_path):
     ("nvml_not_supported", {"field": "color"}, "unknown field 'color'"),
     ("gpu_lost", {"gpu": 9}, "no GPU 9 on this node (it has 8)"),
     ("gpu_lost", {"gpu": 1, "when": "later"}, "when must be next_boot or now"),
+    ("contract_outlier", {"field": "color", "value": 1}, "contract_outlier: unknown field 'color'"),
+    ("contract_outlier", {"field": "max_sm", "value": "fast"}, "value must be a whole number, not 'fast'"),
 ])
 def test_fault_validation(kind, args, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -93,6 +95,28 @@ def test_fault_command_line_args_and_clear():
     assert state["faults"]["build_fail"] == []
     assert state["gpus"][3]["not_supported"] == []
     assert state["gpus"][5]["bus_state"] == "ok"
+
+
+def test_the_driver_moves_the_contract_and_an_outlier_fault_moves_one_node_more(tmp_path):
+    from simfleet.gpu.state import boot_node_root
+    root = str(tmp_path / "n")
+    state = initial_state("h100", "n")
+    apply_fault(state, "contract_outlier", ["field=max_sm", "value=1410", "version=620.82.01"])
+    write_node_root(root, state, userspace_version="580.126.20")
+    boot_node_root(root)
+    gpu = load_state(os.path.join(root, "var/lib/simgpu/state.json"))["gpus"][0]
+    assert (gpu["memory"]["reserved_mib"], gpu["clocks"]["app_graphics"], gpu["clocks"]["max_sm"]) == (480, 1980, 1980)
+    write_node_root(root, load_state(os.path.join(root, "var/lib/simgpu/state.json")), userspace_version="620.82.01")
+    boot_node_root(root)
+    gpu = load_state(os.path.join(root, "var/lib/simgpu/state.json"))["gpus"][0]
+    # R620 reserves 64 MiB more, 620.82.01 lowers the default application clock, the fault the SM clock.
+    assert (gpu["memory"]["reserved_mib"], gpu["clocks"]["app_graphics"], gpu["clocks"]["max_sm"]) == (544, 1935, 1410)
+    clear = load_state(os.path.join(root, "var/lib/simgpu/state.json"))
+    apply_fault(clear, "clear", ["contract_outlier"])
+    write_node_root(root, clear, userspace_version="620.82.01")
+    boot_node_root(root)
+    gpu = load_state(os.path.join(root, "var/lib/simgpu/state.json"))["gpus"][0]
+    assert (gpu["memory"]["reserved_mib"], gpu["clocks"]["max_sm"]) == (544, 1980)
 
 
 def test_install_into_rootfs_and_the_drop_in_as_pynvml(tmp_path):

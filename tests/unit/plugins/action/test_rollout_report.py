@@ -256,3 +256,39 @@ def test_a_note_shared_by_nodes_is_one_line():
     assert report["notes"] == [warning + " (2 nodes: h1, a1)",
                                "v1: ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta"]
     assert "- " + warning + " (2 nodes: h1, a1)" in rr.render_markdown(report)
+
+
+def test_a_golden_nodes_contract_change_is_in_the_first_lines_and_decides_its_class(tmp_path):
+    from ansible_collections.gpufleet.nvidia.plugins.action.rollout_report import _journal_event
+    directory = str(tmp_path / "report")
+    nodes = [{"name": "h1", "stage": "golden", "class": "gpu_h100"}, {"name": "a1", "stage": "canary", "class": "gpu_h100"},
+             {"name": "l1", "stage": "waves", "class": "gpu_h100"}]
+    rr.write_plan(directory, dict(PLAN, nodes=nodes, options={}, stages=[
+        {"name": "golden", "hosts": ["h1"]}, {"name": "canary", "hosts": ["a1"]}, {"name": "waves", "hosts": ["l1"]}]))
+    after = {"node": {"cuda_driver_version": "13.5"}, "gpus": [{"index": 0, "memory_reserved_mib": 544}], "units": []}
+    contract = {"diff": [], "lines": ["CUDA 13.0 → 13.5", "reserved memory 480 → 544 MiB on 8 GPUs"], "after": after,
+                "changes": [{"field": "cuda_driver_version", "scope": "node", "text": "CUDA 13.0 → 13.5",
+                             "decision": "expected"},
+                            {"field": "memory_reserved_mib", "scope": "gpu", "text": "reserved memory 480 → 544 MiB on 8 GPUs",
+                             "decision": "open", "gpus": [0]}]}
+    rollout_journal.append(directory, {"event": "started", "node": "h1", "run_id": "r1", "time": 1.0})
+    rr.store_record(directory, record("h1", "golden", "upgraded", contract=contract),
+                    lambda merged: rollout_journal.append_in_lock(directory, _journal_event(merged, True, 2.0)))
+    report = rr.render(directory)["report"]
+    assert report["status"] == "stopped"
+    assert report["stop_reason"].startswith("contract change unexplained on golden node h1 (class gpu_h100): "
+                                            "reserved memory 480 → 544 MiB on 8 GPUs")
+    assert [(s["node"], s["stage"], s["result"]) for s in report["stopped_by"]] == [("h1", "golden", "upgraded")]
+    assert "rollout_contract_accept" in report["stopped_by"][0]["next_step"]
+    text = rr.render_markdown(report)
+    head = text.split("| stage |")[0]
+    assert head.endswith("Wall time 60 s.\n\nHardware contract, decided by each class's golden node:\n"
+                         "- gpu_h100 (h1): 1 unexplained: CUDA 13.0 → 13.5 (the driver's own); reserved memory 480 → "
+                         "544 MiB on 8 GPUs (unexplained)\n\n")
+    assert rr.golden_contract(directory, "gpu_h100") == {"node": "h1", "contract": after}
+    assert rr.golden_contract(directory, "gpu_a100") is None
+    # The operator accepts the change (the next job's extra vars): the same journal decides on.
+    rr.write_plan(directory, dict(PLAN, nodes=nodes, options={"contract_accept": "memory_reserved_mib"}))
+    report = rr.render(directory)["report"]
+    assert report["status"] == "in_progress" and report["stop_reason"] is None
+    assert [c["decision"] for c in report["contract"]["gpu_h100"]["changes"]] == ["expected", "accepted"]

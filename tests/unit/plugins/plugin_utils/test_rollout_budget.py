@@ -377,3 +377,42 @@ def test_a_wave_node_finished_before_the_failure_is_no_stand_in():
     decision = rb.decide(nodes, OPTIONS)
     assert decision["stand_ins"] == {"gpu_h100-05": {"stage": "canary", "replaces": "gpu_h100-02"}}
     assert decision["stop"] is None and decision["stages"] == {"gpu_h100": "waves"}
+
+
+RESERVED = {"field": "memory_reserved_mib", "scope": "gpu", "text": "reserved memory 480 → 544 MiB on 8 GPUs",
+            "decision": "open", "gpus": list(range(8))}
+CUDA = {"field": "cuda_driver_version", "scope": "node", "text": "CUDA 13.0 → 13.5", "decision": "expected"}
+
+
+def test_an_unexplained_contract_change_of_a_golden_node_stops_before_its_canary_stage():
+    nodes = fleet({"gpu_h100": 20, "gpu_a100": 20})
+    named = by_name(nodes)
+    # Recorded and soaking: the stop comes before the canary pool could open.
+    named["gpu_h100-00"].update(status="in_flight", contract_changes=[CUDA, RESERVED])
+    named["gpu_a100-00"].update(status="done", contract_changes=[CUDA])
+    decision = rb.decide(nodes, OPTIONS)
+    assert decision["action"] == "stop" and decision["start"] == []
+    stop = decision["stop"]
+    assert (stop["code"], stop["nodes"], stop["class"]) == ("contract_unexplained", ["gpu_h100-00"], "gpu_h100")
+    assert stop["reason"].startswith("contract change unexplained on golden node gpu_h100-00 (class gpu_h100): "
+                                     "reserved memory 480 → 544 MiB on 8 GPUs; accept with "
+                                     "rollout_contract_accept=memory_reserved_mib")
+    assert [c["decision"] for c in decision["contract"]["gpu_h100"]["changes"]] == ["expected", "unexplained"]
+    assert decision["contract"]["gpu_a100"]["unexplained"] == []
+    # Accepted (the approval step of the workflow), the same state decides on: the A100 canary starts.
+    accepted = rb.decide(nodes, rb.normalize_options({"contract_accept": "memory_reserved_mib"}))
+    assert accepted["stop"] is None and accepted["start"] == ["gpu_a100-01"]
+    assert [c["decision"] for c in accepted["contract"]["gpu_h100"]["changes"]] == ["expected", "accepted"]
+    named["gpu_h100-00"]["status"] = "done"
+    assert rb.decide(nodes, rb.normalize_options({"contract_accept": ["memory_*"]}))["start"] == [
+        "gpu_h100-01", "gpu_a100-01"]
+    # warn: the report shows it, nothing stops.
+    warned = rb.decide(nodes, rb.normalize_options({"contract_changes": "warn"}))
+    assert warned["stop"] is None and len(warned["contract"]["gpu_h100"]["unexplained"]) == 1
+    # A wave node's changes are not its class's decision.
+    waves = fleet({"gpu_l40s": 20})
+    waves[0]["status"] = "done"
+    waves[5].update(status="done", contract_changes=[RESERVED])
+    assert rb.decide(waves, OPTIONS)["stop"] is None
+    with pytest.raises(ValueError, match="rollout_contract_changes must be stop or warn"):
+        rb.normalize_options({"contract_changes": "halt"})

@@ -22,7 +22,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional
 
-from . import catalog, device, driver, kernel_release, klog, root_dir, state_path
+from . import catalog, device, driver, faults, kernel_release, klog, root_dir, state_path
 from .state import update_state
 
 
@@ -138,6 +138,7 @@ def boot(root: Optional[str] = None, release: Optional[str] = None, boot_id: Opt
             log("nvidia-nvlink: Unregistered Nvlink Core, major device number 234")
             result["reason"] = "no_supported_gpu"
             return result
+        faults.apply_driver_contract(state, driven, version)
         for gpu in driven:
             bus = gpu["pci"]["bus_id"][4:].lower()
             log("nvidia %s: enabling device (0000 -> 0002)" % bus)

@@ -65,6 +65,27 @@ XID_TEXT: Dict[int, Tuple[str, Optional[str]]] = {
 }
 
 
+#: How a driver moves a GPU's contract in this simulation, in the shape real updates have (a
+#: branch that reserves more memory for itself, a version with another default application
+#: clock). The values are invented for the simulation: offsets from the GPU profile's values,
+#: per branch and per exact version, added together.
+CONTRACT_OFFSETS: Dict[str, Dict[object, Dict[str, int]]] = {
+    "branch": {620: {"reserved_mib": 64}},
+    "version": {"620.82.01": {"app_graphics_mhz": -45}},
+}
+
+
+def contract_offsets(driver_version: str) -> Dict[str, int]:
+    """``{"reserved_mib": n, "app_graphics_mhz": n}``: how far ``driver_version`` moves a GPU's
+    reserved memory and default application clock from its profile (:data:`CONTRACT_OFFSETS`)."""
+    out = {"reserved_mib": 0, "app_graphics_mhz": 0}
+    for offsets in (CONTRACT_OFFSETS["branch"].get(branch_of(driver_version)) or {},
+                    CONTRACT_OFFSETS["version"].get(driver_version) or {}):
+        for key, value in offsets.items():
+            out[key] += int(value)
+    return out
+
+
 def parse_version(version: str) -> Tuple[int, ...]:
     """``"580.126.20"`` -> ``(580, 126, 20)`` (non-numeric parts dropped)."""
     out = []

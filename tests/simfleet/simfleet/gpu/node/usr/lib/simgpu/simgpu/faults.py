@@ -20,16 +20,29 @@ Kinds (``args`` is a dict, or a list of ``key=value`` / positional strings from 
   so NVML init fails with LibRmVersionMismatch while userspace stays as installed.
 - ``gpu_busy``: ``gpu`` (index or ``all``), ``count`` (default 1): compute processes run on the
   GPU (until the next boot): MIG mode changes raise InUse, ``nvidia-smi -r`` is refused.
+- ``contract_outlier``: ``field`` (one of :data:`OUTLIER_FIELDS`), ``value``, ``version``
+  (optional, default every version), ``gpu`` (index or ``all``, default ``all``): from the next
+  boot on, whenever that driver version is loaded, the GPU reports ``value`` for the field
+  instead of its profile's (a driver that misbehaves on some nodes only: a lower maximum SM
+  clock, more reserved memory, a narrower PCIe link).
 - ``clear``: ``kind`` (optional): remove every fault (or those of one kind); lost GPUs are back.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import catalog, klog
 
-KINDS = ("build_fail", "gpu_lost", "xid_storm", "nvml_not_supported", "version_mismatch", "gpu_busy", "clear")
+KINDS = ("build_fail", "gpu_lost", "xid_storm", "nvml_not_supported", "version_mismatch", "gpu_busy",
+         "contract_outlier", "clear")
+
+#: ``contract_outlier`` fields -> (state section, key) of a GPU.
+OUTLIER_FIELDS: Dict[str, Tuple[str, str]] = {
+    "max_sm": ("clocks", "max_sm"),
+    "reserved_mib": ("memory", "reserved_mib"),
+    "pcie_width": ("pcie", "width_max"),
+}
 
 #: Field names accepted by ``nvml_not_supported`` -> what they cover (NVML calls / nvidia-smi elements).
 FIELDS: Dict[str, str] = {
@@ -61,13 +74,14 @@ _POSITIONAL = {
     "nvml_not_supported": ["field", "gpu"],
     "version_mismatch": ["loaded_version"],
     "gpu_busy": ["gpu", "count"],
+    "contract_outlier": ["field", "value", "version", "gpu"],
     "clear": ["kind"],
 }
 
 
 def empty_faults() -> Dict[str, Any]:
     """The ``faults`` dict of a healthy node."""
-    return {"build_fail": [], "gpu_lost": [], "version_mismatch": None}
+    return {"build_fail": [], "gpu_lost": [], "version_mismatch": None, "contract_outlier": []}
 
 
 def _normalize(kind: str, args: Union[None, Dict[str, Any], Sequence[str]]) -> Dict[str, Any]:
@@ -156,6 +170,16 @@ def apply_fault(state: Dict[str, Any], kind: str, args: Union[None, Dict[str, An
             for n in range(count):
                 procs.append({"pid": 31000 + 100 * index + len(procs) + n, "name": "python3",
                               "used_mib": 1024, "gpu_instance_id": None, "compute_instance_id": None})
+    elif kind == "contract_outlier":
+        field = str(opts.get("field") or "")
+        if field not in OUTLIER_FIELDS:
+            raise ValueError("contract_outlier: unknown field %r (known: %s)" % (field, ", ".join(sorted(OUTLIER_FIELDS))))
+        try:
+            value = int(opts.get("value"))
+        except (TypeError, ValueError):
+            raise ValueError("contract_outlier: value must be a whole number, not %r" % (opts.get("value"),))
+        faults["contract_outlier"].append({"field": field, "value": value, "version": opts.get("version") or None,
+                                           "gpus": _gpu_indexes(state, opts.get("gpu"), "all")})
     else:  # clear
         only: Optional[str] = opts.get("kind") or None
         if only and only not in KINDS:
@@ -164,6 +188,8 @@ def apply_fault(state: Dict[str, Any], kind: str, args: Union[None, Dict[str, An
             faults["build_fail"] = []
         if only in (None, "version_mismatch"):
             faults["version_mismatch"] = None
+        if only in (None, "contract_outlier"):
+            faults["contract_outlier"] = []
         if only in (None, "gpu_lost"):
             faults["gpu_lost"] = []
             for gpu in state["gpus"]:
@@ -175,3 +201,28 @@ def apply_fault(state: Dict[str, Any], kind: str, args: Union[None, Dict[str, An
             for gpu in state["gpus"]:
                 gpu["processes"] = []
     return state
+
+
+def apply_driver_contract(state: Dict[str, Any], gpus: Sequence[Dict[str, Any]], version: str) -> None:
+    """Set what the loaded driver ``version`` makes of each driven GPU's contract (at boot).
+
+    The profile's values are kept under ``contract_base`` the first time; the driver's offsets
+    (:func:`catalog.contract_offsets`) apply to them, then the ``contract_outlier`` faults that
+    match ``version``.
+    """
+    offsets = catalog.contract_offsets(version)
+    outliers = [entry for entry in (state.get("faults") or {}).get("contract_outlier") or []
+                if entry.get("version") in (None, version)]
+    for gpu in gpus:
+        base = gpu.setdefault("contract_base", {"reserved_mib": gpu["memory"]["reserved_mib"],
+                                                "app_graphics": gpu["clocks"]["app_graphics"],
+                                                "max_sm": gpu["clocks"]["max_sm"],
+                                                "width_max": gpu["pcie"]["width_max"]})
+        gpu["memory"]["reserved_mib"] = int(base["reserved_mib"]) + offsets["reserved_mib"]
+        gpu["clocks"]["app_graphics"] = int(base["app_graphics"]) + offsets["app_graphics_mhz"]
+        gpu["clocks"]["max_sm"] = base["max_sm"]
+        gpu["pcie"]["width_max"] = base["width_max"]
+        for entry in outliers:
+            if gpu["index"] in entry.get("gpus", ()):
+                section, key = OUTLIER_FIELDS[entry["field"]]
+                gpu[section][key] = int(entry["value"])
