@@ -42,14 +42,15 @@ options:
     default: 0.5
   command:
     description:
-      - A command (argv list, no shell) to run while sampling, such as a benchmark. Its output is returned in
-        RV(command).
+      - A command to run while sampling, such as a benchmark, as an argv list taken word for word (no shell, no
+        expansion of C(~) or C($VAR)). Its exit status and output are returned in RV(command).
       - It runs in check mode too; give a command that only reads.
     type: list
     elements: str
   command_timeout_s:
     description:
-      - Seconds O(command) may run; then it is killed (with the processes it started) and the module fails.
+      - Seconds O(command) may run; then it is killed and the module fails. Where C(setsid) (util-linux) is on the
+        node, the command runs in a session of its own and the processes it started are killed with it.
     type: float
     default: 3600
   source:
@@ -176,13 +177,11 @@ command:
 import math
 import os
 import signal
-import subprocess
 import sys
-import tempfile
+import threading
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.common.text.converters import to_text
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_trace import (
     COLUMNS,
@@ -204,8 +203,6 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_session impor
 # The clock and the sleep of the sampling loop (a test gives its own when no command runs).
 _monotonic = time.monotonic
 _sleep = time.sleep
-# Of a command's output, at most the last 16 MiB of each stream are returned.
-_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 MAX_DURATION_S = 600.0
 MIN_INTERVAL_S = 0.05
 
@@ -225,43 +222,75 @@ def _check_params(module):
             module.fail_json(msg="command_timeout_s must be more than 0 seconds, got %g" % params["command_timeout_s"])
 
 
-def _start_command(module, argv):
-    """Start the command in its own session, output to temporary files; return (process, stdout, stderr)."""
+class _Command(object):
+    """A command run by ``module.run_command`` in a thread of its own while the GPUs are sampled.
+
+    Where util-linux ``setsid`` is found the command starts as the leader of a session of its own
+    (``setsid`` executes it in place, same pid), so that a kill at the timeout reaches the processes
+    it started too; else only the command itself is killed.
+    """
+
+    def __init__(self, module, argv):
+        self.argv = list(argv)
+        self.process = None
+        self.result = None
+        self.error = None
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(module,))
+        self._thread.daemon = True
+
+    def _run(self, module):
+        try:
+            # The argv is the command's, word for word: no shell, no expansion of ~ or $VAR.
+            self.result = module.run_command(self.argv, expand_user_and_vars=False, handle_exceptions=False,
+                                             before_communicate_callback=self._hold)
+        except Exception as error:  # pylint: disable=broad-except
+            self.error = error
+        finally:
+            self._started.set()
+
+    def _hold(self, process):
+        self.process = process
+        self._started.set()
+
+    def start(self):
+        """Start the command; return the exception that kept it from starting, or ``None``."""
+        self._thread.start()
+        self._started.wait()
+        return self.error if self.process is None else None
+
+    def wait(self, seconds):
+        """Wait up to ``seconds`` for the command to end and its output to be read; whether it has."""
+        self._thread.join(seconds)
+        return not self._thread.is_alive()
+
+    def kill(self):
+        """Kill the command (with its session, when it leads one) and wait for its output to be read."""
+        pid = self.process.pid
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                self.process.kill()
+        except OSError:
+            pass  # it ended meanwhile
+        self._thread.join(10)
+
+
+def _command(module):
+    """Start O(command); fail the module when it cannot be found or started."""
+    argv = module.params["command"]
     program = argv[0]
     if "/" not in program:
         program = module.get_bin_path(program)
         if program is None:
             module.fail_json(msg="command: %s was not found in PATH on this node" % argv[0])
-    out = tempfile.TemporaryFile()
-    err = tempfile.TemporaryFile()
-    try:
-        # Not a with block: the process outlives this function, _trace waits for it or kills it.
-        process = subprocess.Popen([program] + list(argv[1:]), stdin=subprocess.DEVNULL, stdout=out,  # pylint: disable=consider-using-with
-                                   stderr=err, start_new_session=True)
-    except OSError as error:
-        out.close()
-        err.close()
-        module.fail_json(msg="command: %s could not be started (%s)" % (argv[0], error.strerror or error))
-    return process, out, err
-
-
-def _kill(process):
-    """Kill the command and every process of its session; wait for it."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except OSError:
-        process.kill()
-    process.wait()
-
-
-def _lines(handle):
-    """The lines of a command's output file (its last _MAX_OUTPUT_BYTES) and whether it was cut."""
-    handle.seek(0, os.SEEK_END)
-    size = handle.tell()
-    handle.seek(max(0, size - _MAX_OUTPUT_BYTES))
-    text = to_text(handle.read(), errors="surrogate_or_replace")
-    handle.close()
-    return text.splitlines(), size > _MAX_OUTPUT_BYTES
+    setsid = module.get_bin_path("setsid")
+    command = _Command(module, ([setsid] if setsid else []) + [program] + list(argv[1:]))
+    error = command.start()
+    if error is not None:
+        module.fail_json(msg="command: %s could not be started (%s)" % (argv[0], getattr(error, "strerror", None) or error))
+    return command
 
 
 def _trace(module, sample):
@@ -271,54 +300,45 @@ def _trace(module, sample):
     """
     params = module.params
     interval = params["interval_s"]
-    argv = params["command"]
     rows = []
     samples = 0
     tick = 0
-    process = out = err = None
     timed_out = False
     start = _monotonic()
-    if argv:
-        process, out, err = _start_command(module, argv)
+    command = _command(module) if params["command"] else None
     try:
         while True:
             now = _monotonic() - start
             rows.extend(sample(now))
             samples += 1
-            if process is not None and process.poll() is not None:
+            if command is not None and command.wait(0):
                 break
             tick = max(tick + 1, int(math.floor(now / interval)) + 1)
-            if process is None and tick * interval > params["duration_s"] + 1e-9:
+            if command is None and tick * interval > params["duration_s"] + 1e-9:
                 break
             wait = start + tick * interval - _monotonic()
-            if process is None:
+            if command is None:
                 if wait > 0:
                     _sleep(wait)
                 continue
             left = start + params["command_timeout_s"] - _monotonic()
-            try:
-                process.wait(timeout=max(0.0, min(wait, left)))
+            if command.wait(max(0.0, min(wait, left))):
                 break
-            except subprocess.TimeoutExpired:
-                if left <= wait:
-                    timed_out = True
-                    _kill(process)
-                    break
+            if left <= wait:
+                timed_out = True
+                command.kill()
+                break
     finally:
-        if process is not None and process.poll() is None:
-            _kill(process)
+        if command is not None and not command.wait(0):
+            command.kill()
     elapsed = _monotonic() - start
-    command = None
-    if process is not None:
-        stdout_lines, cut_out = _lines(out)
-        stderr_lines, cut_err = _lines(err)
-        for name, cut in (("stdout", cut_out), ("stderr", cut_err)):
-            if cut:
-                module.warn("command: its %s was longer than %d bytes; only the last %d are returned"
-                            % (name, _MAX_OUTPUT_BYTES, _MAX_OUTPUT_BYTES))
-        command = {"rc": process.returncode, "stdout_lines": stdout_lines, "stderr_lines": stderr_lines,
-                   "elapsed_s": round(elapsed, 3), "timed_out": timed_out}
-    return rows, samples, elapsed, command
+    if command is None:
+        return rows, samples, elapsed, None
+    # No result: its output was still being read 10 s after the kill (a process it started holds it).
+    rc, out, err = command.result if command.result is not None else (command.process.poll(), "", "")
+    result = {"rc": rc, "stdout_lines": out.splitlines(), "stderr_lines": err.splitlines(),
+              "elapsed_s": round(elapsed, 3), "timed_out": timed_out}
+    return rows, samples, elapsed, result
 
 
 def _nvml_body(notes):
@@ -428,7 +448,7 @@ def main():
                                  "of its first %d samples is returned" % (name, module.params["command_timeout_s"],
                                                                           result["samples"]), **result)
         if command["rc"] != 0:
-            module.fail_json(msg="command %s exited with rc %d; the trace of its %d samples is returned"
+            module.fail_json(msg="command %s exited with rc %s; the trace of its %d samples is returned"
                              % (name, command["rc"], result["samples"]), **result)
     module.exit_json(**result)
 

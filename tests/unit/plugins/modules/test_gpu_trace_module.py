@@ -273,3 +273,27 @@ def test_nvidia_smi_failing_later_leaves_that_sample_out_with_a_warning(smi_only
     assert result["samples"] == 2 and sorted({row[0] for row in result["rows"]}) == [0.0, 1.0]
     assert warnings_of(result) == ["1 of 3 nvidia-smi samples failed and are left out; the first: nvidia-smi --query-gpu "
                                    "failed (rc 255): Failed to initialize NVML: Unknown Error"]
+
+
+def _state_of(pid):
+    """The process state letter of ``pid`` (``Z`` for a zombie), or ``None`` when it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_command_over_its_timeout_is_killed_with_the_processes_it_started(node, tmp_path, capsys):
+    pid_file = tmp_path / "child.pid"
+    code, result = run_module({"command": ["sh", "-c", "sleep 30 & echo $! > %s; wait" % pid_file], "interval_s": 0.1,
+                               "command_timeout_s": 0.5}, capsys)
+    assert code == 1 and result["command"]["rc"] == -9
+    assert result["command"]["elapsed_s"] < 5.0
+    assert _state_of(int(pid_file.read_text())) in (None, "Z")
+
+
+def test_command_argv_is_taken_word_for_word(node, capsys):
+    code, result = run_module({"command": ["echo", "$HOME", "~", "a b"], "interval_s": 0.1}, capsys)
+    assert code == 0, result
+    assert result["command"]["stdout_lines"] == ["$HOME ~ a b"]
