@@ -27,6 +27,7 @@ ARGUMENT_SPEC = {
     "lease": {"type": "str"},
     "hold": {"type": "bool", "default": False},
     "node_class": {"type": "str"},
+    "traces": {"type": "dict"},
 }
 
 
@@ -132,6 +133,8 @@ class ActionModule(ControllerAction):
             record.setdefault("finished_epoch", stamp)
             # Bookkeeping on the controller; a node found on target changed nothing.
             result["changed"] = record.get("result") != "skipped"
+            if args["traces"]:
+                record["evidence"] = rollout_report.store_traces(directory, record["node"], args["traces"])
             hold = args["hold"]
             path = rollout_report.store_record(
                 directory, record,

@@ -54,6 +54,13 @@ options:
         before its soak and the check after it); O(state=finish) ends it.
     type: bool
     default: false
+  traces:
+    description:
+      - With O(state=record), the node's GPU traces before and after the update, C({before, after}), each C({csv,
+        summary}) as C(gpufleet.nvidia.gpu_trace) returned them, or null. They are written to
+        C(traces/<node>.before.csv) and C(traces/<node>.after.csv) in the report directory and compared; the
+        record's C(evidence) holds the paths and the comparison.
+    type: dict
   node_class:
     description:
       - With O(state=golden), the GPU class (C(gpu_h100)) whose golden node's contract after its update is returned

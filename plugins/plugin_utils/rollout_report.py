@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from jinja2 import Environment, StrictUndefined
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog, gpu_trace
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import next_step
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     report_junit,
@@ -208,7 +209,8 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
         "notes": [str],
         "wall_s": float | None, "stop_reason": str | None, "quarantined": [{"node", "stage", "result",
         "reason"}], "deferred": [names], "budgets": {...} | None, "contract": {class: the golden
-        node's contract changes and how each is explained (``rollout_budget.contract_verdicts``)}}``.
+        node's contract changes and how each is explained (``rollout_budget.contract_verdicts``)},
+        "evidence": {golden node: its record's ``evidence`` (:func:`store_traces`)}}``.
     :param decision: ``rollout_budget.decide`` over the journal (a rollout run in steps): then the
         status is the decision's (``stopped`` with its reason, ``completed`` when nothing is left,
         quarantined nodes included), ``stopped_by`` lists the nodes the stop names and
@@ -292,7 +294,9 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
             "quarantined": [entry for entry in failed if entry["result"] != "refused"] if decision is not None else [],
             "deferred": list((decision or {}).get("deferred") or []),
             "budgets": (decision or {}).get("budgets"),
-            "contract": dict((decision or {}).get("contract") or {})}
+            "contract": dict((decision or {}).get("contract") or {}),
+            "evidence": dict((n["node"], n["evidence"]) for n in nodes
+                             if n.get("stage") == "golden" and isinstance(n.get("evidence"), Mapping))}
 
 
 _MARKDOWN = """\
@@ -367,6 +371,19 @@ def contract_lines(verdicts: Mapping[str, Mapping[str, Any]]) -> List[str]:
     return lines
 
 
+def evidence_lines(evidence: Mapping[str, Mapping[str, Any]]) -> List[str]:
+    """One line per golden node on what its GPU traces show moved across the update:
+    ``"node01, traces before and after: SM clock at power cap: 1410 → 1140 MHz on 8 GPUs"``."""
+    lines = []
+    for node, entry in sorted(evidence.items()):
+        sides = [side for side in ("before", "after") if entry.get("%s_csv" % side)]
+        changes = entry.get("changes")
+        text = "; ".join(changes) if changes else (
+            "nothing moved by more than 2 % or one unit" if changes is not None else "only the trace %s" % sides[0])
+        lines.append("%s, traces %s: %s" % (node, " and ".join(sides), text))
+    return lines
+
+
 def render_markdown(report: Mapping[str, Any]) -> str:
     """The rollout report as Markdown (Jinja2): status, a table per stage, a row per node, notes."""
     env = Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True,
@@ -392,7 +409,7 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         })
     view = dict(report)
     view["nodes"] = safe_nodes
-    view["contract_lines"] = contract_lines(report.get("contract") or {})
+    view["contract_lines"] = contract_lines(report.get("contract") or {}) + evidence_lines(report.get("evidence") or {})
     return env.from_string(_MARKDOWN).render(r=view, s=report["summary"])
 
 
@@ -414,6 +431,48 @@ def read_records(directory: str) -> Dict[str, Dict[str, Any]]:
                 record = _load(os.path.join(nodes_dir, name))
                 if record is not None:
                     out[name[:-5]] = record
+    return out
+
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+
+
+def store_traces(directory: str, node: str, traces: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+    """Write a node's GPU traces beside the report and compare them (I/O).
+
+    :param directory: the rollout's report directory.
+    :param node: the node's inventory name (the files' names: ``traces/<node>.before.csv``,
+        ``traces/<node>.after.csv``).
+    :param traces: ``{"before": {"csv": text, "summary": gpu_trace.summarize} | None, "after": ...}``
+        as the node's ``gpu_trace`` tasks returned them (untrusted: a CSV that is not text, or a
+        summary that is not one, is left out).
+    :returns: ``None`` when neither trace is there, else ``{"before_csv": path | None,
+        "after_csv": path | None, "changes": gpu_trace.compare sentences (both traces only),
+        "samples": {"before": n, "after": n}}``.
+    :raises ValueError: for a node name that cannot name a file.
+    """
+    if not _SAFE_NAME.match(node or "") or node in (".", ".."):
+        raise ValueError("node name %r cannot name a trace file" % (node,))
+    out = {"before_csv": None, "after_csv": None, "changes": None, "samples": {}}  # type: Dict[str, Any]
+    summaries = {}
+    for side in ("before", "after"):
+        trace = traces.get(side) if isinstance(traces, Mapping) else None
+        if not isinstance(trace, Mapping) or not isinstance(trace.get("csv"), str):
+            continue
+        path = os.path.join(directory, "traces", "%s.%s.csv" % (node, side))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_atomic(path, trace["csv"])
+        out["%s_csv" % side] = path
+        out["samples"][side] = max(0, trace["csv"].count("\n") - 1)
+        if isinstance(trace.get("summary"), Mapping):
+            summaries[side] = trace["summary"]
+    if out["before_csv"] is None and out["after_csv"] is None:
+        return None
+    if len(summaries) == 2:
+        try:
+            out["changes"] = gpu_trace.compare(summaries["before"], summaries["after"])
+        except ValueError as exc:
+            out["changes"] = ["traces not compared: %s" % exc]
     return out
 
 

@@ -89,6 +89,17 @@ def test_an_unexplained_change_stops_after_the_golden_node_and_accepting_it_goes
     assert rollouts.loaded("node01") == TARGET
     record = rollouts.record("contract", "node01")
     assert record["contract"]["after"]["gpus"][0]["memory_reserved_mib"] == 544
+    # The evidence: a trace of every GPU before and after, beside the report (3 s at 0.5 s: 7 samples).
+    for side in ("before", "after"):
+        path = record["evidence"]["%s_csv" % side]
+        assert path == os.path.join(rollouts.report_dir("contract"), "traces", "node01.%s.csv" % side)
+        with open(path) as handle:
+            lines = handle.read().splitlines()
+        assert lines[0].split(",")[:6] == ["time_s", "gpu", "pci_bus_id", "uuid", "pstate", "sm_clock_mhz"]
+        assert len(lines) - 1 == 8 * 7 and record["evidence"]["samples"][side] == 8 * 7
+        assert len(set(line.split(",")[2] for line in lines[1:])) == 8
+    assert isinstance(record["evidence"]["changes"], list)
+    assert "node01, traces before and after: " in head
     for node, state in untouched.items():
         assert rollouts.record("contract", node) is None
         assert rollouts.state(node) == state, node
