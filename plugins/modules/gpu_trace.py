@@ -53,6 +53,11 @@ options:
         node, the command runs in a session of its own and the processes it started are killed with it.
     type: float
     default: 3600
+  baseline:
+    description:
+      - The RV(summary) of an earlier trace of this node (the trace before a driver update). When given, the module
+        says in RV(changes) what moved since, as C(gpu_trace.compare) of the collection's module_utils does.
+    type: dict
   source:
     description:
       - Where the samples come from.
@@ -151,6 +156,15 @@ source:
   returned: always
   type: str
   choices: [nvml, nvidia_smi]
+changes:
+  description:
+    - With O(baseline), what moved since that trace, one sentence per change (GPUs with one change share one); an
+      empty list when nothing moved by more than the greater of 2 % and one unit; null when the baseline is not a
+      trace summary (a warning says why).
+  returned: when O(baseline) is given
+  type: list
+  elements: str
+  sample: ["SM clock at power cap: 1410 → 1140 MHz on 8 GPUs"]
 samples:
   description: How many instants were sampled (each gives one row per GPU).
   returned: always
@@ -189,6 +203,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_trace import (
     SMI_REASONS_FIELD_OLD,
     nvml_gpus,
     parse_smi_query,
+    compare,
     row_values,
     sample_nvml,
     smi_lost_gpu,
@@ -408,6 +423,7 @@ def main():
             command=dict(type="list", elements="str"),
             command_timeout_s=dict(type="float", default=3600.0),
             source=dict(type="str", default="auto", choices=["auto", "nvml", "nvidia_smi"]),
+            baseline=dict(type="dict"),
         ),
         supports_check_mode=True,
     )
@@ -439,6 +455,12 @@ def main():
         duration_s=round(elapsed, 3),
         unsupported=_unique(notes),
     )
+    if module.params["baseline"] is not None:
+        try:
+            result["changes"] = compare(module.params["baseline"], result["summary"])
+        except ValueError as exc:
+            module.warn("baseline not compared: %s" % exc)
+            result["changes"] = None
     if command is not None:
         timed_out = command.pop("timed_out")
         result["command"] = command

@@ -56,10 +56,10 @@ options:
     default: false
   traces:
     description:
-      - With O(state=record), the node's GPU traces before and after the update, C({before, after}), each C({csv,
-        summary}) as C(gpufleet.nvidia.gpu_trace) returned them, or null. They are written to
-        C(traces/<node>.before.csv) and C(traces/<node>.after.csv) in the report directory and compared; the
-        record's C(evidence) holds the paths and the comparison.
+      - With O(state=record), the node's GPU traces before and after the update, C({before, after}), each C({csv})
+        as C(gpufleet.nvidia.gpu_trace) returned it (the trace after with its C(changes) against the one before), or
+        null. They are written to C(traces/<node>.before.csv) and C(traces/<node>.after.csv) in the report
+        directory; the record's C(evidence) holds the paths, the sample counts and the changes.
     type: dict
   node_class:
     description:

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from jinja2 import Environment, StrictUndefined
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog, gpu_trace
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import next_step
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     report_junit,
@@ -438,23 +438,22 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 
 def store_traces(directory: str, node: str, traces: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
-    """Write a node's GPU traces beside the report and compare them (I/O).
+    """Write a node's GPU traces beside the report (I/O).
 
     :param directory: the rollout's report directory.
     :param node: the node's inventory name (the files' names: ``traces/<node>.before.csv``,
         ``traces/<node>.after.csv``).
-    :param traces: ``{"before": {"csv": text, "summary": gpu_trace.summarize} | None, "after": ...}``
-        as the node's ``gpu_trace`` tasks returned them (untrusted: a CSV that is not text, or a
-        summary that is not one, is left out).
+    :param traces: ``{"before": {"csv": text} | None, "after": {"csv": text, "changes": [str] |
+        None} | None}`` as the node's ``gpu_trace`` tasks returned them (``changes``: the module's
+        comparison of the trace after with the summary of the trace before). Untrusted: a CSV that
+        is not text is left out, changes that are not a list of text are dropped.
     :returns: ``None`` when neither trace is there, else ``{"before_csv": path | None,
-        "after_csv": path | None, "changes": gpu_trace.compare sentences (both traces only),
-        "samples": {"before": n, "after": n}}``.
+        "after_csv": path | None, "changes": [str] | None, "samples": {"before": n, "after": n}}``.
     :raises ValueError: for a node name that cannot name a file.
     """
     if not _SAFE_NAME.match(node or "") or node in (".", ".."):
         raise ValueError("node name %r cannot name a trace file" % (node,))
     out = {"before_csv": None, "after_csv": None, "changes": None, "samples": {}}  # type: Dict[str, Any]
-    summaries = {}
     for side in ("before", "after"):
         trace = traces.get(side) if isinstance(traces, Mapping) else None
         if not isinstance(trace, Mapping) or not isinstance(trace.get("csv"), str):
@@ -464,15 +463,11 @@ def store_traces(directory: str, node: str, traces: Mapping[str, Any]) -> Option
         write_atomic(path, trace["csv"])
         out["%s_csv" % side] = path
         out["samples"][side] = max(0, trace["csv"].count("\n") - 1)
-        if isinstance(trace.get("summary"), Mapping):
-            summaries[side] = trace["summary"]
     if out["before_csv"] is None and out["after_csv"] is None:
         return None
-    if len(summaries) == 2:
-        try:
-            out["changes"] = gpu_trace.compare(summaries["before"], summaries["after"])
-        except ValueError as exc:
-            out["changes"] = ["traces not compared: %s" % exc]
+    changes = (traces.get("after") or {}).get("changes") if out["before_csv"] and out["after_csv"] else None
+    if isinstance(changes, list) and all(isinstance(c, str) for c in changes):
+        out["changes"] = list(changes)
     return out
 
 

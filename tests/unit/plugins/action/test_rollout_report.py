@@ -296,7 +296,7 @@ def test_a_golden_nodes_contract_change_is_in_the_first_lines_and_decides_its_cl
     assert [c["decision"] for c in report["contract"]["gpu_h100"]["changes"]] == ["expected", "accepted"]
 
 
-def test_traces_are_written_beside_the_report_and_compared(tmp_path):
+def test_traces_are_written_beside_the_report_with_what_moved(tmp_path):
     from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_trace
     directory = str(tmp_path / "report")
 
@@ -307,21 +307,25 @@ def test_traces_are_written_beside_the_report_and_compared(tmp_path):
             row.update(pstate="P0", sm_clock_mhz=sm_mhz, mem_clock_mhz=2619, power_w=690.0, temperature_c=60,
                        utilization_gpu_pct=100, clocks_event_reasons=["sw_power_cap"])
             rows.append(row)
-        return {"csv": gpu_trace.to_csv(rows), "summary": gpu_trace.summarize(rows)}
+        return rows
 
-    evidence = rr.store_traces(directory, "h1", {"before": trace(1410), "after": trace(1140)})
+    before, after = trace(1410), trace(1140)
+    # What the module returns with baseline= the summary before (gpu_trace.compare on the node).
+    changes = gpu_trace.compare(gpu_trace.summarize(before), gpu_trace.summarize(after))
+    assert changes[-1] == "SM clock at power cap: 1410 → 1140 MHz on GPU 0000:18:00.0"
+    evidence = rr.store_traces(directory, "h1", {"before": {"csv": gpu_trace.to_csv(before)},
+                                                 "after": {"csv": gpu_trace.to_csv(after), "changes": changes}})
     assert evidence["before_csv"] == os.path.join(directory, "traces", "h1.before.csv")
-    assert evidence["samples"] == {"before": 3, "after": 3}
-    assert evidence["changes"] == ["median SM clock: 1410 → 1140 MHz on GPU 0000:18:00.0",
-                                   "max SM clock: 1410 → 1140 MHz on GPU 0000:18:00.0",
-                                   "SM clock at power cap: 1410 → 1140 MHz on GPU 0000:18:00.0"]
+    assert evidence["samples"] == {"before": 3, "after": 3} and evidence["changes"] == changes
     with open(evidence["after_csv"]) as handle:
         assert handle.readline().strip() == ",".join(gpu_trace.COLUMNS)
-    assert rr.evidence_lines({"h1": evidence})[0].startswith("h1, traces before and after: ")
+    assert rr.evidence_lines({"h1": evidence}) == ["h1, traces before and after: " + "; ".join(changes)]
     # Only one side (a node that had no driver before): kept, not compared; nothing at all: no evidence.
-    one = rr.store_traces(directory, "h2", {"before": None, "after": trace(1980)})
+    one = rr.store_traces(directory, "h2", {"before": None, "after": {"csv": gpu_trace.to_csv(after), "changes": ["x"]}})
     assert one["before_csv"] is None and one["changes"] is None
     assert rr.evidence_lines({"h2": one}) == ["h2, traces after: only the trace after"]
     assert rr.store_traces(directory, "h3", {"before": {"csv": 3}, "after": None}) is None
+    assert rr.store_traces(directory, "h4", {"before": {"csv": "a\n"}, "after": {"csv": "a\n", "changes": [1]}})[
+        "changes"] is None
     with pytest.raises(ValueError, match="cannot name a trace file"):
-        rr.store_traces(directory, "../etc", {"before": trace(1)})
+        rr.store_traces(directory, "../etc", {"before": {"csv": ""}})

@@ -101,6 +101,21 @@ def test_defaults_given_as_strings_sample_5_seconds_every_half_second(node, cloc
     assert clock.now == 1005.0
 
 
+def test_a_baseline_says_what_moved_since(node, clock, capsys):
+    code, first = run_module({"duration_s": 1, "interval_s": 0.5}, capsys)
+    assert code == 0
+    baseline = first["summary"]
+    code, same = run_module({"duration_s": 1, "interval_s": 0.5, "baseline": baseline}, capsys)
+    assert code == 0 and same["changes"] == []
+    moved = dict((key, dict(gpu, sm_clock_mhz={"median": 1410, "max": 1410})) for key, gpu in baseline.items())
+    code, result = run_module({"duration_s": 1, "interval_s": 0.5, "baseline": moved}, capsys)
+    assert code == 0
+    assert "median SM clock: 1410 → 345 MHz on 8 GPUs" in result["changes"]
+    code, result = run_module({"duration_s": 1, "interval_s": 0.5, "baseline": {"x": 1}}, capsys)
+    assert code == 0 and result["changes"] is None
+    assert "changes" not in first
+
+
 def test_check_mode_samples_as_well(node, clock, capsys):
     code, result = run_module({"duration_s": 1, "interval_s": 0.25}, capsys, check_mode=True)
     assert code == 0 and result["changed"] is False
