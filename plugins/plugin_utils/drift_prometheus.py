@@ -69,7 +69,7 @@ def _number(value: Any) -> Optional[float]:
 def drift_families(report: Mapping[str, Any], timestamp: float) -> List[Any]:
     """The drift report's metric families (``prometheus_client`` ``GaugeMetricFamily`` objects).
 
-    :param report: ``drift.build_report`` output; per-GPU series for the nodes whose ``gpus`` it kept.
+    :param report: ``drift.roll_up`` output; per-GPU series for the nodes whose ``gpus`` it kept.
     :param timestamp: epoch seconds of the run.
     :returns: families in the order of docs/drift.md; a GPU value that is unknown (``null``) has no sample.
     """
@@ -203,7 +203,7 @@ def write_textfile(path: str, report: Mapping[str, Any], timestamp: float,
     The file is written to a temporary name in the same directory and renamed (node_exporter never
     reads half a file).
 
-    :param report: ``drift.build_report`` output. :param timestamp: epoch seconds of the run.
+    :param report: ``drift.roll_up`` output. :param timestamp: epoch seconds of the run.
     :param rollout: a rollout report (``rollout-report.json``) or ``None``.
     :raises prometheus_textfile.PrometheusUnavailable: when ``prometheus_client`` is not installed
         on the controller.
