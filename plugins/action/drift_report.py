@@ -21,6 +21,7 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     drift_parallel,
     drift_prometheus,
     fact_sources,
+    prometheus_textfile,
     report_junit,
 )
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
@@ -243,8 +244,8 @@ class ActionModule(ControllerAction):
         rollout = None
         if prom and "prometheus" in formats:
             try:
-                drift_prometheus.require()
-            except drift_prometheus.PrometheusUnavailable as err:
+                prometheus_textfile.require()
+            except prometheus_textfile.PrometheusUnavailable as err:
                 raise AnsibleActionFail("drift_report: %s" % err)
             paths["prometheus"] = prom
             rollout = self._rollout_report(args)

@@ -9,7 +9,7 @@ Pure: no file, process or network access. Compatible with Python 3.7; standard l
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, Optional
 
 
 _KERNEL_META = re.compile(
@@ -83,9 +83,3 @@ def unattended_upgrades_config(extra: Optional[Iterable[str]] = None) -> str:
         lines.append('    "%s";' % entry.replace('"', ""))
     lines.append("};")
     return "\n".join(lines) + "\n"
-
-
-def dnf_automatic_excludes(extra: Optional[Iterable[str]] = None) -> List[str]:
-    """Globs for ``exclude=`` in the ``[base]`` section of ``/etc/dnf/automatic.conf``: the kernel
-    and the NVIDIA driver (``dnf-automatic(8)``: ``[base]`` overrides dnf.conf options)."""
-    return ["kernel*", "kmod-nvidia*", "nvidia-*", "libnvidia-*", "cuda-drivers*"] + [e for e in (extra or []) if e]

@@ -608,8 +608,18 @@ def parse_kernel_log(text: str, boot_time: Optional[float] = None,
         :data:`MAX_MESSAGE_CHARS` characters. ``name``/``severity``/``action``/``fatal``/``known``
         come from :func:`xid_catalog.classify` (the worst seen in the incident).
         ``rate_limited`` is true when a line says the kernel or the driver dropped messages;
-        those lines are listed in ``rate_limit_lines``. ``api_mismatches`` is
-        :func:`parse_nvrm_api_mismatch` of the same text.
+        those lines are listed in ``rate_limit_lines``.
+
+        ``api_mismatches`` are the driver's "API mismatch" messages, in log order: a user-space
+        component (``libcuda``, ``libnvidia-ml``, an X/Wayland driver) of one version opened a
+        kernel module of another, e.g. ``NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)``
+        / ``NVRM: has the version 595.84, but this kernel module has`` / ``NVRM: the version
+        595.80.  Please make sure ...`` (field case 23; NVIDIA kernel driver (NVRM) message). Each is
+        ``{"client": str | None (process name, when printed), "pid": int | None,
+        "client_version": str (user space, e.g. "595.84"), "kernel_module_version": str (the
+        loaded module, e.g. "595.80"), "time": float | str | None (as in events), "wall_time":
+        str | None, "first_line": str}``; evidence that the loaded module and the user-space
+        libraries differ, not an Xid.
 
         Bounds, so that a storm cannot flood a fact cache: per (PCI bus id, Xid) the first
         incident and the newest ``XID_EVENTS_PER_KEY - 1`` (7) are kept one by one; the others
@@ -717,26 +727,6 @@ def keep_newest(text: Union[str, bytes, None], limit: int) -> Tuple[Union[str, b
         cut = text.find(newline, start)
         start = len(text) if cut < 0 else cut + 1
     return text[start:], start
-
-
-def parse_nvrm_api_mismatch(text: str) -> List[Dict[str, Any]]:
-    """Find the NVIDIA driver's "API mismatch" messages in kernel log text.
-
-    The driver logs one when a user-space component (``libcuda``, ``libnvidia-ml``, X/Wayland
-    driver) of one version opens a kernel module of another, e.g.
-    ``NVRM: API mismatch: the client 'kwin_wayland' (pid 1005)`` / ``NVRM: has the version
-    595.84, but this kernel module has`` / ``NVRM: the version 595.80.  Please make sure ...``
-    (field case 23). Evidence that the loaded module and the user-space libraries differ.
-
-    :param text: kernel log text, in any format :func:`parse_kernel_log` accepts.
-    :returns: a list, in log order, of ``{"client": str | None (process name, when printed),
-        "pid": int | None, "client_version": str (user space, e.g. "595.84"),
-        "kernel_module_version": str (the loaded module, e.g. "595.80"), "time": float |
-        str | None (as in events), "wall_time": str | None, "first_line": str}``.
-    :raises: nothing.
-    Source: NVIDIA kernel driver (NVRM) "API mismatch" message.
-    """
-    return parse_kernel_log(text)["api_mismatches"]
 
 
 def summarize_xids(events: Union[Dict[str, Any], Iterable[EventDict]],

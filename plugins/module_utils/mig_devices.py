@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_names import return_code_name
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_names import ERROR_INSUFFICIENT_RESOURCES, return_code_name
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_session import call_setter, nvml_error_name
 
 
@@ -162,8 +162,8 @@ def _orderings(names: List[str], limit: int = 24) -> List[List[str]]:
     return result
 
 
-# NVML_ERROR_INSUFFICIENT_RESOURCES (23): no room for this GPU instance where the GPU would place it.
-_PLACEMENT_ERRORS = ("InsufficientResources", "Error23")
+# NVML_ERROR_INSUFFICIENT_RESOURCES: no room for this GPU instance where the GPU would place it.
+_PLACEMENT_ERROR = return_code_name(ERROR_INSUFFICIENT_RESOURCES)
 
 
 def create_mig_layout(nvml: Any, handle: Any, layout: Dict[str, int],
@@ -207,6 +207,6 @@ def create_mig_layout(nvml: Any, handle: Any, layout: Dict[str, int],
         if last_error is None:
             return {"created": created, "error": None, "tried": tried}
         destroy_mig_instances(nvml, handle)
-        if last_error not in _PLACEMENT_ERRORS:
+        if last_error != _PLACEMENT_ERROR:
             break
     return {"created": [], "error": last_error, "tried": tried}

@@ -106,11 +106,6 @@ def parse_state(raw: bytes, path: str = "the file") -> Dict[str, Any]:
     return _state(True, value, None, ident)
 
 
-def absent_state() -> Dict[str, Any]:
-    """:func:`read_state`'s result for a file that does not exist."""
-    return _state(False, None, None, None)
-
-
 def unreadable_state(reason: str) -> Dict[str, Any]:
     """:func:`read_state`'s result for a file that exists but could not be read at all (``reason``)."""
     return _state(True, None, reason, None)

@@ -61,6 +61,18 @@ def error_name(nvml: Any, err: BaseException) -> str:
     return type(err).__name__
 
 
+def is_nvml_error(nvml: Any, err: BaseException) -> bool:
+    """Whether an exception raised around a pynvml call is an NVML error, to be named, not raised.
+
+    :param nvml: the pynvml module. :param err: the exception caught around the call.
+    :returns: ``True`` for an instance of the module's ``NVMLError`` (any return code) and for an
+        ``AttributeError`` (a function this pynvml lacks: ``FunctionNotFound``); ``False`` for any
+        other exception, which the caller re-raises.
+    """
+    base = getattr(nvml, "NVMLError", None)
+    return isinstance(err, AttributeError) or (base is not None and isinstance(err, base))
+
+
 def _text(value: Any) -> Optional[str]:
     if value is None:
         return None
@@ -68,11 +80,6 @@ def _text(value: Any) -> Optional[str]:
         value = value.decode("utf-8", "replace")
     text = str(value).strip()
     return text or None
-
-
-def _is_nvml_error(nvml: Any, err: BaseException) -> bool:
-    base = getattr(nvml, "NVMLError", None)
-    return isinstance(err, AttributeError) or (base is not None and isinstance(err, base))
 
 
 class _FieldReader(object):
@@ -88,7 +95,7 @@ class _FieldReader(object):
             func = getattr(self.nvml, func_name)
             return func(*args)
         except Exception as err:  # pylint: disable=broad-except
-            if not _is_nvml_error(self.nvml, err):
+            if not is_nvml_error(self.nvml, err):
                 raise
             name = error_name(self.nvml, err)
             if name == "GpuIsLost":
@@ -117,7 +124,7 @@ def _read_mig_devices(nvml: Any, reader: _FieldReader, handle: Any) -> List[Dict
         try:
             mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except Exception as err:  # pylint: disable=broad-except
-            if not _is_nvml_error(nvml, err):
+            if not is_nvml_error(nvml, err):
                 raise
             if error_name(nvml, err) == "GpuIsLost":
                 raise _GpuLost()
@@ -175,7 +182,7 @@ def read_gpu(nvml: Any, index: int, unsupported: List[Dict[str, Any]]) -> Dict[s
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
         except Exception as err:  # pylint: disable=broad-except
-            if not _is_nvml_error(nvml, err):
+            if not is_nvml_error(nvml, err):
                 raise
             name = error_name(nvml, err)
             if name == "GpuIsLost":
@@ -311,7 +318,7 @@ def _gpu_instance_profiles(nvml: Any, handle: Any) -> List[str]:
         try:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
         except Exception as err:  # pylint: disable=broad-except
-            if not _is_nvml_error(nvml, err):
+            if not is_nvml_error(nvml, err):
                 raise
             if error_name(nvml, err) == "GpuIsLost":
                 raise _GpuLost()
@@ -416,7 +423,7 @@ def read_nvml(nvml: Any, shutdown: bool = True) -> Dict[str, Any]:
     try:
         nvml.nvmlInit()
     except Exception as err:  # pylint: disable=broad-except
-        if not _is_nvml_error(nvml, err) and not isinstance(err, OSError):
+        if not is_nvml_error(nvml, err) and not isinstance(err, OSError):
             raise
         result["init_error"] = "LibraryNotFound" if isinstance(err, OSError) else error_name(nvml, err)
         return result

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import error_name, read_gpu
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.nvml_reader import error_name, is_nvml_error, read_gpu
 
 
 def nvml_error_name(nvml: Any, err: BaseException) -> Optional[str]:
-    """Name an exception raised by a pynvml call, or ``None`` when it is no NVML error.
+    """Name an exception raised by a pynvml call, or ``None`` when it is no NVML error
+    (``nvml_reader.is_nvml_error``).
 
     :param nvml: the pynvml module. :param err: the exception caught around the call.
     :returns: the nvml.h name of the return code (``"NoPermission"``, ``"InUse"``), pynvml's class
@@ -30,8 +31,7 @@ def nvml_error_name(nvml: Any, err: BaseException) -> Optional[str]:
         ``AttributeError`` (a function this pynvml lacks); ``None`` for any other exception, which
         the caller re-raises.
     """
-    base = getattr(nvml, "NVMLError", None)
-    if isinstance(err, AttributeError) or (base is not None and isinstance(err, base)):
+    if is_nvml_error(nvml, err):
         return _error_name(nvml, err)
     return None
 

@@ -63,50 +63,6 @@ def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: 
     return {"kind": kind, "retry": retry, "unmet": unmet, "message": message, "rc": rc}
 
 
-def classify_dnf_kernel_hold(text: Optional[str]) -> Dict[str, Any]:
-    """Read the output of ``dnf update`` / ``dnf nvidia-plugin`` on a node with precompiled kmods.
-
-    Field case 20. NVIDIA's dnf plugin skips a kernel for which no precompiled
-    ``kmod-nvidia-<driver>-<kernel>`` exists: that is an **expected hold** (report the candidate
-    kernel and the driver), not a broken host. A Python exception from the plugin
-    ("kernel exclude error ...") is a **failure of the kernel blocker** itself.
-
-    :returns: ``{"verdict": "kernel_held_expected"|"kernel_blocker_failure"|"none",
-        "driver_version": str|None, "candidate_kernel": str|None, "kmod_package": str|None,
-        "excluded_packages": [str], "error_text": str|None}``.
-    """
-    result = {"verdict": "none", "driver_version": None, "candidate_kernel": None, "kmod_package": None,
-              "excluded_packages": [], "error_text": None}
-    body = text or ""
-    failure = re.search(r"WARNING: kernel exclude error (.+)", body)
-    if failure:
-        result["verdict"] = "kernel_blocker_failure"
-        result["error_text"] = failure.group(1).strip()
-    skip = re.search(r"no kernel module package (\S+) for kernel version (\S+) and NVIDIA driver (\S+) could be found",
-                     body)
-    if skip:
-        result["kmod_package"] = skip.group(1)
-        result["candidate_kernel"] = skip.group(2)
-        result["driver_version"] = skip.group(3)
-    report = re.search(r"Excluded kernel packages during update \(([^)]+)\):", body)
-    if report:
-        result["candidate_kernel"] = result["candidate_kernel"] or report.group(1)
-        tail = body[report.end():]
-        for line in tail.splitlines():
-            word = line.strip()
-            if not word:
-                if result["excluded_packages"]:
-                    break
-                continue
-            if re.match(r"^kernel[\w.+-]*-\d", word):
-                result["excluded_packages"].append(word)
-            else:
-                break
-    if result["verdict"] == "none" and (skip or report or "filtered due to missing precompiled modules" in body):
-        result["verdict"] = "kernel_held_expected"
-    return result
-
-
 def classify_dnf_failure(text: Optional[str]) -> Dict[str, Any]:
     """Classify a failed dnf driver transaction (field case 21).
 

@@ -47,7 +47,8 @@ options:
         C(uname-r.txt) (output of C(uname -r) or C(uname -a)), C(dpkg-l.txt) (output of C(dpkg -l)),
         C(apt-mark-showhold.txt) (output of C(apt-mark showhold)), C(rpm-qa.txt) (output of C(rpm -qa)),
         C(lib-modules-nvidia.txt) (output of C(find /lib/modules -name "*nvidia*")), C(lspci-vvv.txt)
-        (output of C(lspci -vvv)).
+        (output of C(lspci -vvv)), C(mokutil-sb-state.txt) (output of C(mokutil --sb-state)),
+        C(sys-module-nvidia-peermem-version.txt) (contents of C(/sys/module/nvidia_peermem/version)).
       - A file that cannot be parsed (truncated XML, binary data) fails the module with a message
         naming the file and what is wrong with it (for example C(not XML), with the line number); the
         message never quotes the file's content.

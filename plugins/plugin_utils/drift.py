@@ -7,7 +7,7 @@ Input per node: its name, its GPU class (the inventory group, ``gpu_h100`` ...),
 ``ansible_facts.nvidia`` document (docs/facts.md) or ``None`` when no facts were found, and the
 declared state (:func:`declared_state` of the node's variables, the same variables the ``driver``
 and ``gpu_policy`` roles read). Output: findings ``{node, class, check, severity, gpu, expected,
-actual, message}`` per node, rolled up per class and for the fleet (:func:`build_report`).
+actual, message}`` per node (:func:`judge_node`), rolled up per class and for the fleet (:func:`roll_up`).
 
 Checks (:data:`CHECKS`) and their severity:
 
@@ -368,7 +368,7 @@ class DriftEngine(object):
             message}`` (``gpu`` is an NVML index or ``None`` for node-wide findings).
         :raises: nothing for a wrongly shaped document; a value of a wrong type deeper in it (a
             power limit that is a string) may raise ``TypeError``/``ValueError``, which
-            :func:`build_report` turns into a ``facts_missing`` finding of that node.
+            :func:`judge_node` turns into a ``facts_missing`` finding of that node.
         """
         out = []  # type: List[Dict[str, Any]]
 
@@ -585,7 +585,7 @@ def gpu_summaries(facts: Mapping[str, Any], findings: List[Dict[str, Any]]) -> L
 
 
 def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = "none") -> Dict[str, Any]:
-    """Judge one node: its entry of :func:`build_report`'s ``nodes``.
+    """Judge one node: its entry of the report's ``nodes`` (:func:`roll_up`).
 
     :param item: ``{"node", "class", "facts", "declared", "facts_age_s", "facts_checked" (bool,
         optional: :func:`facts_problem` already ran), "hostname" (optional: the node's own host name,
@@ -645,7 +645,22 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
             source: Optional[str] = None) -> Dict[str, Any]:
     """Roll judged nodes (``(name, judge_node(...))`` in node order) up per class and for the fleet.
 
-    :returns: the report of :func:`build_report`.
+    The drift report: the ``drift_report`` action judges every node with :func:`judge_node` (in
+    worker processes, ``drift_parallel``) and rolls them up here.
+
+    :param judged: ``(name, judge_node(item, engine, keep_gpus))`` per node; each entry's
+        ``missing`` is taken out (counted), the rest is kept as the node's entry.
+    :param generated_at: ISO 8601 time to put in the report; :param source: where the facts came
+        from (``live``, ``dir:<path>``, ``jsonfile:<path>``).
+    :returns: ``{"generated_at", "source", "summary": {"nodes", "in_sync", "drifted", "missing",
+        "findings", "by_severity": {severity: n}, "by_check": {check: n}, "worst_severity"},
+        "classes": {class: {"nodes", "in_sync", "drifted", "missing", "by_check", "worst_severity",
+        "drifted_nodes": [names]}}, "nodes": {name: {"class", "in_sync", "worst_severity",
+        "findings": [...], "driver": {"loaded", "userspace", "on_disk", "branch", "state"}, "gpus"
+        (when kept)}}, "findings": [all findings, node order]}``.
+        A node is ``in_sync`` when it has no finding above ``info``; ``missing`` when its facts
+        are missing, are not a facts document (:func:`facts_problem`) or could not be judged
+        (:func:`judge_node`); one such node never stops the report.
     """
     summary = {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "findings": 0,
                "by_severity": dict((s, 0) for s in FINDING_SEVERITIES), "by_check": {}, "worst_severity": None}
@@ -682,34 +697,6 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
     summary["worst_severity"] = FINDING_SEVERITIES[worst_all] if worst_all >= 0 else None
     return {"generated_at": generated_at, "source": source, "summary": summary, "classes": classes,
             "nodes": per_node, "findings": findings}
-
-
-def build_report(nodes: Iterable[Mapping[str, Any]], engine: Optional[DriftEngine] = None,
-                 generated_at: Optional[str] = None, source: Optional[str] = None,
-                 keep_gpus: str = "none") -> Dict[str, Any]:
-    """Judge every node and roll the findings up per class and for the fleet.
-
-    :param nodes: ``{"node": name, "class": group name, "facts": ansible_facts.nvidia | None,
-        "declared": declared_state(...), "facts_age_s": float | None}`` per node, any order.
-    :param engine: a :class:`DriftEngine` (a fresh one by default).
-    :param generated_at: ISO 8601 time to put in the report; :param source: where the facts came
-        from (``live``, ``dir:<path>``, ``jsonfile:<path>``).
-    :param keep_gpus: which nodes keep their GPUs' :func:`gpu_summaries` (``none``, ``drifted``, ``all``).
-    :returns: ``{"generated_at", "source", "summary": {"nodes", "in_sync", "drifted", "missing",
-        "findings", "by_severity": {severity: n}, "by_check": {check: n}, "worst_severity"},
-        "classes": {class: {"nodes", "in_sync", "drifted", "missing", "by_check", "worst_severity",
-        "drifted_nodes": [names]}}, "nodes": {name: {"class", "in_sync", "worst_severity",
-        "findings": [...], "driver": {"loaded", "userspace", "on_disk", "branch", "state"}, "gpus"
-        (when kept)}}, "findings": [all findings, node order]}``.
-        A node is ``in_sync`` when it has no finding above ``info``; ``missing`` when its facts
-        are missing, are not a facts document (:func:`facts_problem`) or could not be judged
-        (a value of a wrong type deep in them: ``AttributeError``, ``TypeError``, ``ValueError``,
-        ``KeyError``, ``IndexError`` of its checks); one such node never stops the report.
-    :raises: nothing for any node's facts.
-    """
-    engine = engine or DriftEngine()
-    return roll_up(((item["node"], judge_node(item, engine, keep_gpus)) for item in nodes),
-                   generated_at=generated_at, source=source)
 
 
 def exit_code(report: Mapping[str, Any], report_only: bool = False, fail_on: str = "warning") -> int:

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.nvidia contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The drift report (``plugin_utils.drift.build_report``) as one self-contained HTML page.
+"""The drift report (``plugin_utils.drift.roll_up``) as one self-contained HTML page.
 
 Order of the page: the fleet summary; the class × state overview (a row per GPU class: nodes in
 sync, drifted, without facts, with a bar); findings per check and class; then the findings
@@ -137,7 +137,7 @@ def node_rows(report: Mapping[str, Any]) -> List[Dict[str, Any]]:
 def render_html(report: Mapping[str, Any], max_rows: int = 5000) -> str:
     """The drift report as one self-contained HTML page.
 
-    :param report: ``drift.build_report`` output (with ``source_errors`` when the action added them).
+    :param report: ``drift.roll_up`` output (with ``source_errors`` when the action added them).
     :param max_rows: node-and-check rows shown at most, most severe first (the JSON has all);
         a negative number shows all.
     :returns: HTML text (UTF-8 when written).

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.nvidia contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Render a drift report (``plugin_utils.drift.build_report``) as JSON and Markdown.
+"""Render a drift report (``plugin_utils.drift.roll_up``) as JSON and Markdown.
 
 Controller side: Markdown is rendered with Jinja2 (shipped with ansible-core), JSON with
 ``msgspec`` when it is installed (else the standard library). Write either atomically with
@@ -71,7 +71,7 @@ def _environment() -> Environment:
 def render_markdown(report: Mapping[str, Any], max_findings: int = 500) -> str:
     """The report as Markdown: fleet summary, a table per class, then findings by severity.
 
-    :param report: ``drift.build_report`` output.
+    :param report: ``drift.roll_up`` output.
     :param max_findings: findings listed at most (the most severe first); the rest are counted.
     :returns: Markdown text.
     """

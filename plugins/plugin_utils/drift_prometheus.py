@@ -4,7 +4,7 @@
 """The drift report (and a rollout report) as Prometheus metrics, written with ``prometheus_client``.
 
 For node_exporter's textfile collector (``--collector.textfile.directory``): one ``*.prom`` file
-written atomically by ``prometheus_client.write_to_textfile`` from a ``CollectorRegistry``.
+written atomically by ``prometheus_textfile.write_families`` (``prometheus_client.write_to_textfile``).
 
 Per-GPU series carry the labels dcgm-exporter puts on its ``DCGM_FI_*`` series, with the same
 names and value formats, so a query can join them (``* on(Hostname, UUID) group_left ...``):
@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import prometheus_textfile
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import FINDING_SEVERITIES
 
 #: The labels that identify a GPU, named and formatted as dcgm-exporter's.
@@ -36,10 +37,6 @@ GPU_LABELS = ("Hostname", "UUID", "gpu", "pci_bus_id", "modelName")
 ROLLOUT_RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed", "not_started")
 
 _BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
-
-
-class PrometheusUnavailable(Exception):
-    """``prometheus_client`` is not installed on the controller."""
 
 
 def dcgm_bus_id(bus_id: Any) -> str:
@@ -72,7 +69,7 @@ def _number(value: Any) -> Optional[float]:
 def drift_families(report: Mapping[str, Any], timestamp: float) -> List[Any]:
     """The drift report's metric families (``prometheus_client`` ``GaugeMetricFamily`` objects).
 
-    :param report: ``drift.build_report`` output; per-GPU series for the nodes whose ``gpus`` it kept.
+    :param report: ``drift.roll_up`` output; per-GPU series for the nodes whose ``gpus`` it kept.
     :param timestamp: epoch seconds of the run.
     :returns: families in the order of docs/drift.md; a GPU value that is unknown (``null``) has no sample.
     """
@@ -199,29 +196,6 @@ def rollout_families(rollout: Mapping[str, Any]) -> List[Any]:
     return [info, stopped, nodes, stages, free, out, left]
 
 
-class _Families(object):
-    """A ``prometheus_client`` collector that yields prepared metric families."""
-
-    def __init__(self, families: List[Any]):
-        self.families = families
-
-    def collect(self) -> Iterable[Any]:
-        """The families, as ``CollectorRegistry`` asks for them."""
-        return iter(self.families)
-
-
-def require() -> None:
-    """Check that ``prometheus_client`` can be imported.
-
-    :raises PrometheusUnavailable: with what to do when it cannot.
-    """
-    try:
-        import prometheus_client  # noqa: F401 pylint: disable=import-outside-toplevel,unused-import
-    except ImportError:
-        raise PrometheusUnavailable("the Prometheus output needs the Python package prometheus_client on the controller "
-                                    "(pip install prometheus-client), or leave prometheus out of the formats")
-
-
 def write_textfile(path: str, report: Mapping[str, Any], timestamp: float,
                    rollout: Optional[Mapping[str, Any]] = None) -> None:
     """Write the drift (and rollout) metrics to ``path`` with ``prometheus_client.write_to_textfile``.
@@ -229,16 +203,14 @@ def write_textfile(path: str, report: Mapping[str, Any], timestamp: float,
     The file is written to a temporary name in the same directory and renamed (node_exporter never
     reads half a file).
 
-    :param report: ``drift.build_report`` output. :param timestamp: epoch seconds of the run.
+    :param report: ``drift.roll_up`` output. :param timestamp: epoch seconds of the run.
     :param rollout: a rollout report (``rollout-report.json``) or ``None``.
-    :raises PrometheusUnavailable: when ``prometheus_client`` is not installed on the controller.
+    :raises prometheus_textfile.PrometheusUnavailable: when ``prometheus_client`` is not installed
+        on the controller.
     :raises OSError: when the directory cannot be written.
     """
-    require()
-    from prometheus_client import CollectorRegistry, write_to_textfile  # pylint: disable=import-outside-toplevel
+    prometheus_textfile.require()
     families = drift_families(report, timestamp)
     if rollout is not None:
         families += rollout_families(rollout)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(families))
-    write_to_textfile(path, registry)
+    prometheus_textfile.write_families(path, families)

@@ -56,7 +56,7 @@ def _text(root: ET.Element) -> str:
 def drift_junit(report: Mapping[str, Any]) -> str:
     """The drift report as JUnit XML text: a test case per node, a failure per drifted node.
 
-    :param report: ``drift.build_report`` output.
+    :param report: ``drift.roll_up`` output.
     :returns: XML text; the failure's ``message`` is the node's most severe finding, its text every
         finding (one line per node and check, GPUs by PCI bus id: ``drift_html.node_rows``).
     """

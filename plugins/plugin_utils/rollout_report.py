@@ -37,6 +37,7 @@ from jinja2 import Environment, StrictUndefined
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import next_step
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
+    prometheus_textfile,
     report_junit,
     rollout_budget,
     rollout_html,
@@ -558,7 +559,7 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
         write_atomic(paths["markdown"], render_markdown(report))
         write_atomic(paths["html"], rollout_html.render_html(report, lines, plan))
         write_atomic(paths["junit"], report_junit.rollout_junit(report))
-        if rollout_prometheus.available():
+        if prometheus_textfile.available():
             paths["prometheus"] = os.path.join(directory, rollout_prometheus.FILENAME)
             rollout_prometheus.write_textfile(paths["prometheus"], report)
     return {"report": report, "paths": paths}

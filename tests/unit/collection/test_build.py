@@ -13,7 +13,7 @@ ANSIBLE_GALAXY = os.path.join(os.path.dirname(sys.executable), "ansible-galaxy")
 
 # Top-level paths of the checkout that are for developing the collection, not for using it.
 NOT_SHIPPED = ("tests", "molecule", "benchmarks", "tools", ".ci", "inventories/simfleet", ".build", ".venv",
-               "Makefile", "requirements-test.txt", "pytest.ini", ".ansible-lint")
+               ".venv-awx", "Makefile", "requirements-test.txt", "requirements-awx.txt", "pytest.ini", ".ansible-lint")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def test_tarball_ships_what_a_user_runs(members):
                  "plugins/modules/gpu_facts.py", "plugins/module_utils/nvml_names.py",
                  "roles/driver/tasks/main.yml", "roles/driver/README.md", "roles/kernel_hold/README.md",
                  "roles/gpu_policy/README.md", "playbooks/facts.yml", "inventories/example/hosts.yml",
-                 "changelogs/changelog.yaml", "docs/facts.md"):
+                 "changelogs/changelog.yaml", "docs/facts.md", "awx/configure.yml", "awx/vars/defaults.yml"):
         assert name in members, name
 
 

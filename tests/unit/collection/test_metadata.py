@@ -16,6 +16,10 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 # ansible/ansible#81866; 2.18 made 3.8 the target minimum).
 TARGET_PYTHON_FLOOR = {(2, 16): (3, 6), (2, 17): (3, 7), (2, 18): (3, 8), (2, 19): (3, 8), (2, 20): (3, 8)}
 
+# ansible-core release → the oldest Python it runs on the controller. Source: the "Control Node
+# Python" column of ansible-core's support matrix (docs "Releases and maintenance").
+CONTROLLER_PYTHON_FLOOR = {(2, 17): (3, 10), (2, 18): (3, 11), (2, 19): (3, 11), (2, 20): (3, 12)}
+
 
 def _runtime():
     with open(os.path.join(REPO, "meta", "runtime.yml")) as handle:
@@ -79,6 +83,8 @@ def test_readme_states_the_floor():
     floor = _floor()
     assert "ansible-core %d.%d" % floor in readme
     assert "Python %d.%d" % TARGET_PYTHON_FLOOR[floor] in readme
+    # The controller's Python too, next to it: "3.10 or later for 2.17".
+    assert "%d.%d or later for %d.%d" % (CONTROLLER_PYTHON_FLOOR[floor] + floor) in readme
 
 
 def test_role_readmes_name_every_variable_of_the_role():

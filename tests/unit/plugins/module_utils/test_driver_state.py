@@ -14,7 +14,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_vers
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import installed_packages
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import smi_messages
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_state as ds
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import parse_nvrm_api_mismatch
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import parse_kernel_log
 
 CASES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "cases")
 
@@ -385,13 +385,13 @@ def test_nvml_error_from_text(text, expected):
 
 
 def _mismatch_versions(mismatch):
-    """The client and the two versions of one ``kernel_log.parse_nvrm_api_mismatch`` entry."""
+    """The client and the two versions of one ``api_mismatches`` entry of ``kernel_log.parse_kernel_log``."""
     return dict((key, mismatch[key]) for key in ("client", "pid", "client_version", "kernel_module_version"))
 
 
 def test_case_23_nvidia_all_modinfo_older_than_userspace_is_broken():
     folder = "23-dkms-module-older-than-userspace-api-mismatch"
-    mismatches = parse_nvrm_api_mismatch(read_case(folder, "input-nvidia-all-394-dmesg.log"))
+    mismatches = parse_kernel_log(read_case(folder, "input-nvidia-all-394-dmesg.log"))["api_mismatches"]
     assert [_mismatch_versions(m) for m in mismatches] == [
         {"client": "kwin_wayland", "pid": 1005, "client_version": "595.84", "kernel_module_version": "595.80"}
     ]
@@ -435,7 +435,7 @@ def test_api_mismatch_old_wording_with_syslog_prefix():
         "Apr 23 18:55:23 host kernel: [    7.039052] NVRM: API mismatch: the client has the version 352.79, but\n"
         "Apr 23 18:55:23 host kernel: [    7.039052] NVRM: this kernel module has the version 361.42.  Please\n"
     )
-    assert [_mismatch_versions(m) for m in parse_nvrm_api_mismatch(text)] == [
+    assert [_mismatch_versions(m) for m in parse_kernel_log(text)["api_mismatches"]] == [
         {"client": None, "pid": None, "client_version": "352.79", "kernel_module_version": "361.42"}
     ]
 

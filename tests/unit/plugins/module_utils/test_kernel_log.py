@@ -18,7 +18,6 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import 
     XID_EVENTS_PER_KEY,
     keep_newest,
     parse_kernel_log,
-    parse_nvrm_api_mismatch,
     summarize_xids,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import XID_CATALOG, classify
@@ -170,7 +169,6 @@ def test_case23_api_mismatch_is_not_an_xid():
     result = parse_kernel_log(text)
     assert result["events"] == []
     assert result["rate_limited"] is False
-    assert result["api_mismatches"] == parse_nvrm_api_mismatch(text)
     [mismatch] = result["api_mismatches"]
     assert mismatch["client"] == "kwin_wayland"
     assert mismatch["pid"] == 1005
@@ -186,7 +184,7 @@ def test_api_mismatch_without_client_and_without_timestamps():
         "NVRM: make sure that this kernel module and all NVIDIA driver\n"
         "NVRM: components have the same version.\n"
     )
-    [mismatch] = parse_nvrm_api_mismatch(text)
+    [mismatch] = parse_kernel_log(text)["api_mismatches"]
     assert (mismatch["client"], mismatch["pid"]) == (None, None)
     assert (mismatch["client_version"], mismatch["kernel_module_version"]) == ("470.82.01", "470.57.02")
     assert mismatch["time"] is None
@@ -642,4 +640,4 @@ def test_api_mismatch_does_not_read_on_into_a_later_message():
         "[    7.039052] NVRM: API mismatch: the client has the version 352.79, but\n"
         "[    9.000001] NVRM: this kernel module has the version 361.42.  Please\n"
     )
-    assert parse_nvrm_api_mismatch(text) == []
+    assert parse_kernel_log(text)["api_mismatches"] == []

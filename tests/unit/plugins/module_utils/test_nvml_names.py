@@ -25,11 +25,14 @@ def test_return_code_name_refuses_a_name():
 
 def test_named_return_codes_match_nvml_h():
     # nvml.h: NVML_ERROR_NO_PERMISSION = 4, NVML_ERROR_DRIVER_NOT_LOADED = 9,
-    # NVML_ERROR_LIBRARY_NOT_FOUND = 12, NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18.
+    # NVML_ERROR_LIBRARY_NOT_FOUND = 12, NVML_ERROR_GPU_IS_LOST = 15, NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    # NVML_ERROR_INSUFFICIENT_RESOURCES = 23.
     assert [nvml_names.RETURN_CODES[c] for c in (
         nvml_names.ERROR_NO_PERMISSION, nvml_names.ERROR_DRIVER_NOT_LOADED, nvml_names.ERROR_LIBRARY_NOT_FOUND,
-        nvml_names.ERROR_GPU_IS_LOST, nvml_names.ERROR_LIB_RM_VERSION_MISMATCH, nvml_names.ERROR_UNKNOWN)] == [
-        "NoPermission", "DriverNotLoaded", "LibraryNotFound", "GpuIsLost", "LibRmVersionMismatch", "Unknown"]
+        nvml_names.ERROR_GPU_IS_LOST, nvml_names.ERROR_LIB_RM_VERSION_MISMATCH, nvml_names.ERROR_INSUFFICIENT_RESOURCES,
+        nvml_names.ERROR_UNKNOWN)] == [
+        "NoPermission", "DriverNotLoaded", "LibraryNotFound", "GpuIsLost", "LibRmVersionMismatch", "InsufficientResources",
+        "Unknown"]
 
 
 @pytest.mark.parametrize("value, name", [(0, "Default"), (1, "Exclusive_Thread"), (2, "Prohibited"),

@@ -335,22 +335,6 @@ def test_rhel_downgrade_uses_dnf_downgrade():
     assert plan["changes"]["downgrade"] is True
 
 
-def test_case_20_kernel_held_for_missing_precompiled_kmod_is_expected():
-    """Field case 20: dnf skipped kernel 4.18.0-348.23.1.el8_5 for want of kmod-nvidia-510.47.03-... : expected."""
-    v = package_failures.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod", "input-kmod-33-dnf-update.txt"))
-    assert v["verdict"] == "kernel_held_expected"
-    assert (v["driver_version"], v["candidate_kernel"], v["kmod_package"]) == (
-        "510.47.03", "4.18.0-348.23.1.el8_5", "kmod-nvidia-510.47.03-4.18.0-348.23.1")
-    v = package_failures.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod", "input-kmod-53-dnf-nvidia-plugin.txt"))
-    assert v["verdict"] == "kernel_held_expected"
-    assert v["candidate_kernel"] == "4.18.0-553.16.1.el8_10"
-    assert len(v["excluded_packages"]) == 17
-    v = package_failures.classify_dnf_kernel_hold(case("20-dnf-kernel-held-no-precompiled-kmod",
-                                                       "input-nvidia-plugin-12-security-upgrade.txt"))
-    assert v["verdict"] == "kernel_blocker_failure"
-    assert v["error_text"] == "local variable 'kmod_pkg_name' referenced before assignment"
-
-
 def test_case_23_module_on_disk_older_than_userspace_is_broken():
     modinfo = parse_modinfo(case("23-dkms-module-older-than-userspace-api-mismatch", "input-nvidia-all-394-modinfo.txt"))
     v = package_failures.verify_module_build("595.84", modinfo["on_disk_version"], modinfo["kernel_release"])

@@ -5,13 +5,17 @@ import os
 import sys
 
 import pytest
+import yaml
 from ansible.module_utils.testing import patch_module_args
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import captures  # noqa: E402  pylint: disable=wrong-import-position
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_assemble import CAPTURE_FILES  # noqa: E402
 from ansible_collections.gpufleet.nvidia.plugins.modules import gpu_facts  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
 
 
 def run_module(args, capsys):
@@ -20,6 +24,14 @@ def run_module(args, capsys):
             gpu_facts.main()
     result = json.loads(capsys.readouterr().out)
     return exit_info.value.code, result
+
+
+def test_every_capture_file_is_documented_in_the_option_and_the_readme():
+    option = " ".join(yaml.safe_load(gpu_facts.DOCUMENTATION)["options"]["capture_dir"]["description"])
+    with open(os.path.join(REPO, "README.md")) as handle:
+        readme = handle.read()
+    assert sorted(name for name in CAPTURE_FILES if "C(%s)" % name not in option) == []
+    assert sorted(name for name in CAPTURE_FILES if "`%s`" % name not in readme) == []
 
 
 def test_capture_dir_gives_the_case_values(tmp_path, capsys):

@@ -3,6 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Realistic inputs for the report renderers: a drift report of a fleet, a rollout report directory.
 
+:func:`drift_report` judges and rolls up a list of nodes as the drift_report action does.
+
 The drift report is judged by the real drift engine from facts documents shaped as gpu_facts
 returns them (facts_model), 8 GPUs a node with their real PCI bus ids; the rollout directory is
 written by the real rollout_report / rollout_journal functions, as the rollout playbooks do.
@@ -17,6 +19,15 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import Drift
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_journal
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report as rr
+
+
+def drift_report(nodes, generated_at=None, source=None, keep_gpus="none", engine=None):
+    """The drift report of ``nodes`` as the drift_report action makes it: drift.judge_node per node
+    (``{"node", "class", "facts", "declared", ...}``, in this order), then drift.roll_up."""
+    engine = engine or DriftEngine()
+    return roll_up(((item["node"], judge_node(item, engine, keep_gpus)) for item in nodes),
+                   generated_at=generated_at, source=source)
+
 
 #: The PCI bus ids of an 8-GPU HGX H100 board, in NVML index order.
 BUS_IDS = ("0000:18:00.0", "0000:2a:00.0", "0000:3a:00.0", "0000:4e:00.0",
@@ -95,8 +106,9 @@ def drift_fleet(nodes=100, hostile=None):
         items.append({"node": hostile, "class": "gpu_h100", "declared": decl["gpu_h100"], "facts": facts,
                       "hostname": hostile})
         expected["drifted"] += 1
-    # As drift.build_report, judging a healthy node of each class once: an in-sync node's entry
-    # holds no node name, so the nodes of a class share one judgement (copied for roll_up).
+    # As the drift_report action (judge_node per node, then roll_up), judging a healthy node of each
+    # class once: an in-sync node's entry holds no node name, so the nodes of a class share one
+    # judgement (copied for roll_up).
     engine = DriftEngine()
     shared = {}
 

@@ -17,7 +17,6 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import (
     CHECKS,
     DriftEngine,
-    build_report,
     declared_state,
     exit_code,
 )
@@ -25,6 +24,8 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_xml import parse_nvidia_smi_xml
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.rollout_marks import rollout_marks
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_output, fact_sources
+
+from report_inputs import drift_report
 
 CASES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "cases")
 
@@ -181,7 +182,7 @@ def test_a_node_a_rollout_flagged_is_a_finding_with_the_flag_reason():
     # The node's own headline rides along with its findings in the report.
     facts["headline"] = {"verdict": "unhealthy", "summary": "unhealthy: flagged", "action": "clear_rollout_flag",
                          "next_step": "run playbooks/rollback.yml", "gpus": []}
-    report = build_report([{"node": "node06", "class": "gpu_h100", "facts": facts,
+    report = drift_report([{"node": "node06", "class": "gpu_h100", "facts": facts,
                             "declared": declared_state(dict(H100_VARS, driver_branch="580"))}])
     assert report["nodes"]["node06"]["headline"] == {"verdict": "unhealthy", "summary": "unhealthy: flagged",
                                                      "action": "clear_rollout_flag",
@@ -232,8 +233,8 @@ def _fleet():
     ]
 
 
-def test_build_report_per_node_and_per_class():
-    report = build_report(_fleet(), generated_at="2026-11-29T12:00:00Z", source="dir:facts")
+def test_report_per_node_and_per_class():
+    report = drift_report(_fleet(), generated_at="2026-11-29T12:00:00Z", source="dir:facts")
     summary = report["summary"]
     assert (summary["nodes"], summary["in_sync"], summary["drifted"], summary["missing"]) == (4, 2, 2, 1)
     assert summary["by_severity"] == {"info": 0, "warning": 0, "critical": 2}
@@ -245,7 +246,7 @@ def test_build_report_per_node_and_per_class():
     assert "gpus" not in report["nodes"]["v1"]
     assert exit_code(report) == 2
     assert exit_code(report, report_only=True) == 0
-    assert exit_code(build_report(_fleet()[:1])) == 0
+    assert exit_code(drift_report(_fleet()[:1])) == 0
     with pytest.raises(ValueError):
         exit_code(report, fail_on="fatal")
 
@@ -255,7 +256,7 @@ def test_every_check_has_a_known_severity():
 
 
 def test_outputs_markdown_json():
-    report = build_report(_fleet(), generated_at="2026-11-29T12:00:00Z", source="dir:facts")
+    report = drift_report(_fleet(), generated_at="2026-11-29T12:00:00Z", source="dir:facts")
     markdown = drift_output.render_markdown(report)
     assert "**4 nodes: 2 in sync, 2 drifted (1 without facts).**" in markdown
     assert "| gpu_h100 | 3 | 1 | 2 | 1 | critical | driver_branch 1, facts_missing 1 |" in markdown
@@ -268,7 +269,7 @@ def test_outputs_markdown_json():
 
 def test_markdown_escapes_table_cells():
     fleet = [{"node": "a|b", "class": "gpu_h100", "facts": None, "declared": {}}]
-    assert "| a\\|b |" in drift_output.render_markdown(build_report(fleet))
+    assert "| a\\|b |" in drift_output.render_markdown(drift_report(fleet))
 
 
 # --- fact sources ----------------------------------------------------------------------------
@@ -393,7 +394,7 @@ def test_wrongly_shaped_documents_are_missing_facts_and_the_report_goes_on():
         fleet.append({"node": name, "class": "gpu_h100", "facts": doc, "declared": declared_state(H100_VARS)})
     fleet.append({"node": "text", "class": "gpu_h100", "facts": "not a document", "declared": {}})
     fleet.append({"node": "list", "class": "gpu_h100", "facts": [1, 2], "declared": {}})
-    report = build_report(fleet)
+    report = drift_report(fleet)
     # The four good nodes are judged as without the bad ones.
     assert report["nodes"]["h1"]["in_sync"] is True and report["nodes"]["v1"]["in_sync"] is True
     assert checks(report["nodes"]["h2"]["findings"]) == ["driver_branch"]
@@ -414,7 +415,7 @@ def test_a_bad_value_deep_in_one_node_does_not_stop_the_report():
     bad["gpus"][0]["power"]["default_limit_w"] = "seven hundred"
     declared = declared_state(dict(H100_VARS, gpu_policy_power_limit_w=None, gpu_policy_power_limit_percent=80))
     fleet = _fleet() + [{"node": "bad", "class": "gpu_h100", "facts": bad, "declared": declared}]
-    report = build_report(fleet)
+    report = drift_report(fleet)
     assert checks(report["nodes"]["bad"]["findings"]) == ["facts_missing"]
     assert "could not be judged (ValueError: " in report["nodes"]["bad"]["findings"][0]["message"]
     assert report["summary"]["nodes"] == 5 and report["nodes"]["h1"]["in_sync"] is True
@@ -449,6 +450,6 @@ def test_fact_files_of_the_wrong_shape_are_source_errors(tmp_path):
     }
     for host, error in expected.items():
         assert (found[host]["facts"], found[host]["error"]) == (None, error), host
-    report = build_report({"node": host, "class": "gpu_h100", "facts": entry["facts"], "declared": {}}
+    report = drift_report({"node": host, "class": "gpu_h100", "facts": entry["facts"], "declared": {}}
                           for host, entry in sorted(found.items()))
     assert report["summary"]["nodes"] == len(files) and report["summary"]["missing"] == len(files) - 1

@@ -13,11 +13,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import build_report, declared_state
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import declared_state
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_prometheus
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report as rr
+
+from report_inputs import drift_report
 
 BUS = ("0000:18:00.0", "0000:2a:00.0")
 KERNEL_LOG = "[ 1234.5] NVRM: Xid (PCI:0000:2a:00): 79, pid=0, GPU has fallen off the bus.\n"
@@ -54,7 +56,7 @@ def fleet_report(keep_gpus="drifted"):
         {"node": "xid", "class": "gpu_h100", "facts": node(log=KERNEL_LOG), "declared": DECLARED},
         {"node": "gone", "class": "gpu_h100", "facts": None, "declared": DECLARED},
     ]
-    return build_report(nodes, generated_at="2026-12-01T00:00:00Z", source="test", keep_gpus=keep_gpus)
+    return drift_report(nodes, generated_at="2026-12-01T00:00:00Z", source="test", keep_gpus=keep_gpus)
 
 
 def rollout():

@@ -1,0 +1,70 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Prepared Prometheus metric families written as one textfile, through ``prometheus_client``.
+
+The one writer of the collection's ``*.prom`` files: the drift report's (``drift_prometheus``)
+and the rollout report's (``rollout_prometheus``). The families are registered in a
+``CollectorRegistry`` of their own and written by ``prometheus_client.write_to_textfile``, which
+writes a temporary file in the same directory and renames it, so node_exporter's textfile
+collector (``--collector.textfile.directory``) never reads half a file.
+
+Source: prometheus_client's documentation, "Custom Collectors" (an object whose ``collect()``
+yields metric families) and "Node exporter textfile collector" (``write_to_textfile``).
+Controller side only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, List
+
+
+class PrometheusUnavailable(Exception):
+    """``prometheus_client`` is not installed on the controller."""
+
+
+class _Families(object):
+    """A ``prometheus_client`` collector that yields prepared metric families."""
+
+    def __init__(self, families: List[Any]):
+        self.families = families
+
+    def collect(self) -> Iterable[Any]:
+        """The families, as ``CollectorRegistry`` asks for them."""
+        return iter(self.families)
+
+
+def require() -> None:
+    """Check that ``prometheus_client`` can be imported.
+
+    :raises PrometheusUnavailable: with what to do when it cannot.
+    """
+    try:
+        import prometheus_client  # noqa: F401 pylint: disable=import-outside-toplevel,unused-import
+    except ImportError:
+        raise PrometheusUnavailable("the Prometheus output needs the Python package prometheus_client on the controller "
+                                    "(pip install prometheus-client), or leave prometheus out of the formats")
+
+
+def available() -> bool:
+    """Whether ``prometheus_client`` can be imported on this controller."""
+    try:
+        require()
+    except PrometheusUnavailable:
+        return False
+    return True
+
+
+def write_families(path: str, families: List[Any]) -> None:
+    """Write metric families to ``path`` as a Prometheus textfile (a temporary file and a rename).
+
+    :param families: ``prometheus_client`` metric families (``GaugeMetricFamily`` ...), written in
+        this order.
+    :raises PrometheusUnavailable: when ``prometheus_client`` is not installed on the controller.
+    :raises OSError: when the directory cannot be written.
+    """
+    require()
+    from prometheus_client import CollectorRegistry, write_to_textfile  # pylint: disable=import-outside-toplevel
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    write_to_textfile(path, registry)
