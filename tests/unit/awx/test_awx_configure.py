@@ -221,7 +221,8 @@ def test_job_templates(calls):
                                   "rollout_report_dir": "/var/lib/gpufleet/reports/rollout/{{ rollout_id }}"}
     for name in ("gpufleet rollout stage", "gpufleet rollout step", "gpufleet rollback"):
         assert (jts[name]["allow_simultaneous"], jts[name]["job_slice_count"]) == (False, 1), name
-    assert [q["variable"] for q in step["survey_spec"]["spec"]] == ["driver_branch", "driver_version", "rollout_id"]
+    assert [q["variable"] for q in step["survey_spec"]["spec"]] == ["driver_branch", "driver_version", "rollout_id",
+                                                                    "rollout_contract_accept"]
     assert step["survey_enabled"] and not facts["survey_enabled"]
 
 
