@@ -187,6 +187,24 @@ class Rollouts(object):
         with open(path) as handle:
             return json.load(handle)
 
+    def kill(self, proc):
+        """Kill a controller as a crash would (SIGKILL to its process group), then every process left that
+        runs with this test's inventory: an ansible worker that moved to a session of its own survives the
+        group's kill and would go on against the fleet."""
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                    argv = handle.read().split(b"\0")
+            except OSError:
+                continue
+            if self.inventory.encode() in argv:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+
     def sh(self, node, command):
         return self.fleet.run(node, command, check=True).stdout
 
@@ -318,7 +336,7 @@ def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts, tmp_pa
         node03 = rollouts.record("ltsb", "node03")
         if node03 and node03["result"] == "upgraded" and rollouts.fleet.run(
                 "node04", "test -d /run/gpufleet-bench-waited").returncode == 0:
-            os.killpg(proc.pid, signal.SIGKILL)
+            rollouts.kill(proc)
             killed = True
             break
         time.sleep(1)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import threading
 import time
 
@@ -105,8 +104,7 @@ def test_budget_quarantine_kill_and_slow_drain(scale):
                  "%s to start" % SLOW)
         time.sleep(5)
         assert not rollouts.drained(SLOW)       # its drain waits 60 s
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        rollouts.kill(proc)
         first = dict((e["node"], e) for e in journal(rollouts, "scale") if e["event"] == "finished")
         assert SLOW not in first, open(log).read()[-3000:]
         code, out = rollouts.rollout("scale", "all", *extra)
