@@ -134,7 +134,11 @@ class ActionModule(ControllerAction):
             # Bookkeeping on the controller; a node found on target changed nothing.
             result["changed"] = record.get("result") != "skipped"
             if args["traces"]:
-                record["evidence"] = rollout_report.store_traces(directory, record["node"], args["traces"])
+                # The evidence must never cost the node its record.
+                try:
+                    record["evidence"] = rollout_report.store_traces(directory, record["node"], args["traces"])
+                except (ValueError, OSError) as exc:
+                    record["evidence"] = {"error": "traces not kept: %s" % exc}
             hold = args["hold"]
             path = rollout_report.store_record(
                 directory, record,

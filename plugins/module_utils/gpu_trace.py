@@ -99,7 +99,10 @@ def _number(value: Any) -> Optional[float]:
     if isinstance(value, bool) or value is None:
         return None
     if isinstance(value, (int, float)):
-        number = float(value)
+        try:
+            number = float(value)
+        except OverflowError:
+            return None
     elif isinstance(value, str):
         text = null_if_na(value)
         if text is None:
@@ -561,6 +564,9 @@ def _check_summary(summary: Any, what: str) -> Mapping[str, Any]:
     for key, value in summary.items():
         if not isinstance(value, Mapping):
             raise ValueError("%s: GPU %s is not a GPU summary (a mapping), got %s" % (what, key, _shape(value)))
+        samples = value.get("samples")
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise ValueError("%s: GPU %s is not a GPU summary of summarize(): no sample count" % (what, key))
     return summary
 
 
@@ -629,7 +635,8 @@ def compare(before: Any, after: Any) -> List[str]:
         unknown one always moved (``unknown``; ``not capped`` for the clock at power cap).
         Sentences come in the order of the metrics (clocks, power, temperature, utilization,
         reasons, P-states), then the GPUs present on one side only.
-    :raises ValueError: when either side is not a mapping of GPU summaries.
+    :raises ValueError: when either side is not a mapping of GPU summaries (each with its
+        ``samples`` count), naming the side and the GPU.
     """
     _check_summary(before, "before")
     _check_summary(after, "after")

@@ -459,7 +459,7 @@ def main():
         try:
             result["changes"] = compare(module.params["baseline"], result["summary"])
         except ValueError as exc:
-            module.warn("baseline not compared: %s" % exc)
+            module.warn("baseline not compared: the option baseline: %s" % str(exc).replace("before: ", "", 1))
             result["changes"] = None
     if command is not None:
         timed_out = command.pop("timed_out")

@@ -146,18 +146,58 @@ def parse_mode(value: Any) -> str:
     return text
 
 
-def resolve(changes: Sequence[Mapping[str, Any]], accept: Sequence[str]) -> List[Dict[str, Any]]:
+#: The field of a change that stands for a record that cannot be read: no accept list matches it
+#: but ``*``, so a corrupt record stops the rollout instead of opening the canary stage.
+UNREADABLE = "unreadable_contract_record"
+
+
+def unreadable(what: str) -> Dict[str, Any]:
+    """The change that stands for contract evidence that cannot be read (``what`` says which and why)."""
+    return {"field": UNREADABLE, "scope": "node", "text": "%s cannot be read" % what, "decision": "open"}
+
+
+def checked_changes(changes: Any) -> List[Dict[str, Any]]:
+    """Recorded changes (a journal line, a record: untrusted), each checked; fail closed.
+
+    A change that is not a mapping with a text ``field`` becomes :func:`unreadable`; a decision
+    the record cannot prove is reopened: ``expected`` only for :data:`EXPECTED_FIELDS`, anything
+    but ``expected``, ``held`` or ``now_known`` is ``open``; ``text`` defaults to the field.
+
+    :returns: changes with ``field``, ``text`` (str), ``decision`` and, when given as a list,
+        ``gpus``; a value that is not a list at all is one unreadable change.
+    """
+    if not isinstance(changes, list):
+        return [unreadable("the record of the contract changes (%s, not a list)" % type(changes).__name__)]
+    out = []
+    for number, change in enumerate(changes):
+        if not isinstance(change, Mapping) or not isinstance(change.get("field"), str) or not change["field"]:
+            out.append(unreadable("contract change %d of the record" % number))
+            continue
+        decision = change.get("decision") if isinstance(change.get("decision"), str) else "open"
+        if decision == "expected" and change["field"] not in EXPECTED_FIELDS:
+            decision = "open"
+        elif decision not in ("expected", "held", "now_known"):
+            decision = "open"
+        text = change.get("text") if isinstance(change.get("text"), str) and change.get("text") else change["field"]
+        clean = {"field": change["field"], "scope": change.get("scope"), "text": text, "decision": decision}
+        if isinstance(change.get("gpus"), list):
+            clean["gpus"] = list(change["gpus"])
+        out.append(clean)
+    return out
+
+
+def resolve(changes: Any, accept: Sequence[str]) -> List[Dict[str, Any]]:
     """Settle the ``open`` changes of :func:`classify`: ``accepted`` when a pattern matches the field,
-    ``unexplained`` otherwise; the others keep their decision.
+    ``unexplained`` otherwise; the others keep their decision. The changes are read with
+    :func:`checked_changes` first.
 
     :returns: the changes, each with ``decision`` final and ``why`` (a few words).
     """
     out = []
-    for change in changes:
-        decision = change.get("decision")
-        if decision == "open" or decision not in _WHY:
-            decision = "accepted" if any(fnmatch.fnmatchcase(str(change.get("field")), p) for p in accept) \
-                else "unexplained"
+    for change in checked_changes(changes):
+        decision = change["decision"]
+        if decision == "open":
+            decision = "accepted" if any(fnmatch.fnmatchcase(change["field"], p) for p in accept) else "unexplained"
         out.append(dict(change, decision=decision, why=_WHY[decision]))
     return out
 
@@ -174,10 +214,14 @@ def stop_reason(node: str, klass: str, changes: Sequence[Mapping[str, Any]]) -> 
     for change in changes:
         if change.get("field") not in fields:
             fields.append(change.get("field"))
-    return "contract change%s unexplained on golden node %s (class %s): %s; accept with rollout_contract_accept=%s " \
-           "and run the same rollout again, or roll the golden node back" % (
-               "s" if len(changes) > 1 else "", node, klass, "; ".join(str(c.get("text")) for c in changes),
-               ",".join(str(f) for f in fields))
+    acceptable = [f for f in fields if f != UNREADABLE]
+    advice = ("accept with rollout_contract_accept=%s and run the same rollout again, or roll the golden node back"
+              % ",".join(str(f) for f in acceptable)) if acceptable else ""
+    if UNREADABLE in fields:
+        advice += ("; " if advice else "") + "read the golden node's contract again (its record or journal line " \
+                                              "is corrupt): roll it back and run the same rollout again"
+    return "contract change%s unexplained on golden node %s (class %s): %s; %s" % (
+        "s" if len(changes) > 1 else "", node, klass, "; ".join(str(c.get("text")) for c in changes), advice)
 
 
 #: Fields not compared with the golden node: what a node's own state or site sets, not its driver
@@ -199,13 +243,18 @@ def golden_match(contract: Optional[Mapping[str, Any]], golden: Optional[Mapping
         "matches": bool, "fields": [names], "reasons": [str]}``, each reason naming its field
         (``contract_diff.compare_to_golden``): ``"maximum SM clock: golden 1980 MHz, this node 1410
         MHz on GPUs 0-7"``.
-    :raises ValueError: for a contract that is not one (``contract_diff``).
+    :raises ValueError: for a contract that is not one (``contract_diff``), or one with an entry
+        that is not one.
     """
     if not isinstance(contract, Mapping) or not isinstance(golden, Mapping) \
             or not isinstance(golden.get("contract"), Mapping):
         return None
-    compared = contract_diff.compare_to_golden(contract, golden["contract"])
-    patterns = tuple(GOLDEN_IGNORED) + tuple(ignore or ())
+    try:
+        compared = contract_diff.compare_to_golden(contract, golden["contract"])
+    except (TypeError, AttributeError, KeyError) as exc:
+        raise ValueError("cannot compare with golden node %s: a contract holds an entry that is not one (%s: %s)"
+                         % (golden.get("node"), type(exc).__name__, exc))
+    patterns = tuple(GOLDEN_IGNORED) + tuple(str(p) for p in ignore or () if isinstance(p, str))
     kept = [(entry, reason) for entry, reason in zip(compared["differences"], compared["reasons"])
             if not any(fnmatch.fnmatchcase(str(entry.get("field")), p) for p in patterns)]
     fields = []
@@ -225,16 +274,24 @@ def record_contract(after: Optional[Mapping[str, Any]], before: Optional[Mapping
     :param policy: the node's ``gpu_policy_*`` variables (:func:`held_fields`), given only when the
         policy was verified in effect after the reboot.
     :param keep_after: keep the contract after the update (``after``): a golden node's record.
-    :returns: ``None`` when either side has no contract, else ``{"diff": contract_diff entries,
-        "changes": :func:`classify`, "lines": [contract_diff.describe], "after"?: contract}``.
+    :returns: ``None`` when either side has no contract (no driver before, say), else ``{"diff":
+        contract_diff entries, "changes": :func:`classify`, "lines": [contract_diff.describe],
+        "after"?: contract}``. A contract that is there but cannot be read (not a contract, a GPU
+        entry that is not one) gives one :func:`unreadable` change and no ``after``: a golden
+        node with it stops the rollout rather than opening its class's canary stage.
     """
-    after_contract = (after or {}).get("contract") if isinstance(after, Mapping) else None
-    before_contract = (before or {}).get("contract") if isinstance(before, Mapping) else None
-    if not isinstance(after_contract, Mapping) or not isinstance(before_contract, Mapping):
+    after_contract = after.get("contract") if isinstance(after, Mapping) else None
+    before_contract = before.get("contract") if isinstance(before, Mapping) else None
+    if after_contract is None or before_contract is None:
         return None
-    entries = contract_diff.contract_diff(before_contract, after_contract)
-    out = {"diff": entries, "changes": classify(entries, held_fields(policy)),
-           "lines": [contract_diff.describe(e) for e in entries]}  # type: Dict[str, Any]
-    if keep_after:
+    try:
+        entries = contract_diff.contract_diff(before_contract, after_contract)
+        changes = classify(entries, held_fields(policy if isinstance(policy, Mapping) else None))
+        lines = [contract_diff.describe(e) for e in entries]
+    except (ValueError, TypeError, AttributeError, KeyError) as exc:
+        change = unreadable("the contract before or after the update (%s)" % exc)
+        return {"diff": [], "changes": [change], "lines": [change["text"]]}
+    out = {"diff": entries, "changes": changes, "lines": lines}  # type: Dict[str, Any]
+    if keep_after and isinstance(after_contract, Mapping):
         out["after"] = dict(after_contract)
     return out

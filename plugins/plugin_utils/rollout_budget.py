@@ -420,7 +420,7 @@ def contract_verdicts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, 
     """
     out = {}  # type: Dict[str, Dict[str, Any]]
     for node in nodes:
-        if node.get("stage") != "golden" or node["class"] in out or node.get("contract_changes") is None \
+        if node.get("stage") != "golden" or node["class"] in out or "contract_changes" not in node \
                 or node.get("status") not in ("in_flight", "done"):
             continue
         changes = contract_decision.resolve(node["contract_changes"], options.get("contract_accept") or [])

@@ -95,7 +95,8 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
         elif kind == "held":
             node["status"] = "in_flight"
             node.pop("draining", None)
-            if isinstance(event.get("contract_changes"), list):
+            if "contract_changes" in event:
+                # Kept as written (even corrupt): contract_decision.checked_changes reads it, fail closed.
                 node["contract_changes"] = event["contract_changes"]
         elif kind in ("draining", "drained") and node.get("status") == "in_flight":
             node["draining"] = kind == "draining"
@@ -108,7 +109,8 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
             for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id",
                         "out_of_service"):
                 node[key] = event.get(key)
-            if isinstance(event.get("contract_changes"), list):
+            if "contract_changes" in event:
+                # Kept as written (even corrupt): contract_decision.checked_changes reads it, fail closed.
                 node["contract_changes"] = event["contract_changes"]
             node.pop("draining", None)
             node.pop("pending", None)
@@ -139,9 +141,11 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
         row = dict(node)
         row["status"] = state.get("status") or "pending"
         for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service",
-                    "draining", "contract_changes"):
+                    "draining"):
             if state.get(key) is not None:
                 row[key] = state[key]
+        if "contract_changes" in state:
+            row["contract_changes"] = state["contract_changes"]
         nodes.append(row)
     return nodes
 

@@ -26,6 +26,7 @@ flagged), ``refused`` (preflight said no; nothing changed), ``failed``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -295,7 +296,8 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
             "quarantined": [entry for entry in failed if entry["result"] != "refused"] if decision is not None else [],
             "deferred": list((decision or {}).get("deferred") or []),
             "budgets": (decision or {}).get("budgets"),
-            "contract": dict((decision or {}).get("contract") or {}),
+            "contract": dict((decision or {}).get("contract") or {})
+            if isinstance((decision or {}).get("contract"), Mapping) else {},
             "evidence": dict((n["node"], n["evidence"]) for n in nodes
                              if n.get("stage") == "golden" and isinstance(n.get("evidence"), Mapping))}
 
@@ -354,33 +356,50 @@ def _md(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-def contract_lines(verdicts: Mapping[str, Mapping[str, Any]]) -> List[str]:
+def _texts(value: Any) -> List[str]:
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
+def contract_lines(verdicts: Any) -> List[str]:
     """One line per class on its golden node's contract changes and how each is explained:
     ``"gpu_h100 (node01): 1 unexplained: CUDA 13.0 → 13.5 (the driver's own); reserved memory 480 → 544
     MiB on 8 GPUs (unexplained)"``.
 
-    :param verdicts: ``rollout_budget.contract_verdicts`` (the report's ``contract``).
+    :param verdicts: ``rollout_budget.contract_verdicts`` (the report's ``contract``); entries that
+        are not one are left out.
     """
     lines = []
-    for klass, verdict in sorted(verdicts.items()):
-        changes = verdict.get("changes") or []
-        unexplained = verdict.get("unexplained") or []
+    for klass, verdict in sorted((verdicts if isinstance(verdicts, Mapping) else {}).items(), key=lambda kv: str(kv[0])):
+        if not isinstance(verdict, Mapping):
+            continue
+        changes = [c for c in verdict.get("changes") or [] if isinstance(c, Mapping)] \
+            if isinstance(verdict.get("changes"), list) else []
+        unexplained = [c for c in changes if c.get("decision") == "unexplained"]
         head = "%s (%s): %s" % (klass, verdict.get("node"), ("%d unexplained" % len(unexplained)) if unexplained
                                 else "every change explained" if changes else "no change")
-        lines.append(head + (": " + "; ".join("%s (%s)" % (c.get("text"), c.get("why")) for c in changes)
-                             if changes else ""))
+        lines.append(head + (": " + "; ".join("%s (%s)" % (c.get("text") or c.get("field"), c.get("why") or c.get("decision"))
+                                              for c in changes) if changes else ""))
     return lines
 
 
-def evidence_lines(evidence: Mapping[str, Mapping[str, Any]]) -> List[str]:
+def evidence_lines(evidence: Any) -> List[str]:
     """One line per golden node on what its GPU traces show moved across the update:
-    ``"node01, traces before and after: SM clock at power cap: 1410 → 1140 MHz on 8 GPUs"``."""
+    ``"node01, traces before and after: SM clock at power cap: 1410 → 1140 MHz on 8 GPUs"``; entries that
+    are not a record's ``evidence`` are left out."""
     lines = []
-    for node, entry in sorted(evidence.items()):
+    for node, entry in sorted((evidence if isinstance(evidence, Mapping) else {}).items(), key=lambda kv: str(kv[0])):
+        if not isinstance(entry, Mapping):
+            continue
         sides = [side for side in ("before", "after") if entry.get("%s_csv" % side)]
+        if not sides:
+            continue
         changes = entry.get("changes")
-        text = "; ".join(changes) if changes else (
-            "nothing moved by more than 2 % or one unit" if changes is not None else "only the trace %s" % sides[0])
+        if len(sides) == 1:
+            text = "only the trace %s" % sides[0]
+        elif isinstance(changes, list):
+            text = "; ".join(_texts(changes)) or "nothing moved by more than 2 % or one unit"
+        else:
+            text = "not compared"
         lines.append("%s, traces %s: %s" % (node, " and ".join(sides), text))
     return lines
 
@@ -435,7 +454,23 @@ def read_records(directory: str) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+
+
+def file_name(node: str) -> str:
+    """A file name for an inventory host name: the name itself when it is plain (letters, digits,
+    ``.``, ``_``, ``-``, not first, at most 200), else its characters outside those written as
+    ``%XX`` (UTF-8) and, when that is long, cut with a hash of the whole name kept
+    (``2001%3Adb8%3A%3A1`` for ``2001:db8::1``)."""
+    if _SAFE_NAME.match(node) and node not in (".", ".."):
+        return node
+    quoted = "".join(ch if (ch.isascii() and (ch.isalnum() or ch in "._-")) else
+                     "".join("%%%02X" % b for b in ch.encode("utf-8", "replace")) for ch in node)
+    if quoted[:1] in (".", "-", "_") or quoted in ("", ".", ".."):
+        quoted = "%%%02X" % ord(quoted[0]) + quoted[1:] if quoted else "%00"
+    if len(quoted) > 200:
+        quoted = quoted[:180] + "-" + hashlib.sha256(node.encode("utf-8", "replace")).hexdigest()[:16]
+    return quoted
 
 
 def store_traces(directory: str, node: str, traces: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
@@ -443,25 +478,25 @@ def store_traces(directory: str, node: str, traces: Mapping[str, Any]) -> Option
 
     :param directory: the rollout's report directory.
     :param node: the node's inventory name (the files' names: ``traces/<node>.before.csv``,
-        ``traces/<node>.after.csv``).
+        ``traces/<node>.after.csv``, the name through :func:`file_name`).
     :param traces: ``{"before": {"csv": text} | None, "after": {"csv": text, "changes": [str] |
         None} | None}`` as the node's ``gpu_trace`` tasks returned them (``changes``: the module's
         comparison of the trace after with the summary of the trace before). Untrusted: a CSV that
         is not text is left out, changes that are not a list of text are dropped.
     :returns: ``None`` when neither trace is there, else ``{"before_csv": path | None,
         "after_csv": path | None, "changes": [str] | None, "samples": {"before": n, "after": n}}``.
-    :raises ValueError: for a node name that cannot name a file.
+    :raises ValueError: for a node name that is not text.
     """
-    if not _SAFE_NAME.match(node or "") or node in (".", ".."):
+    if not isinstance(node, str) or not node:
         raise ValueError("node name %r cannot name a trace file" % (node,))
     out = {"before_csv": None, "after_csv": None, "changes": None, "samples": {}}  # type: Dict[str, Any]
     for side in ("before", "after"):
         trace = traces.get(side) if isinstance(traces, Mapping) else None
         if not isinstance(trace, Mapping) or not isinstance(trace.get("csv"), str):
             continue
-        path = os.path.join(directory, "traces", "%s.%s.csv" % (node, side))
+        path = os.path.join(directory, "traces", "%s.%s.csv" % (file_name(node), side))
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        write_atomic(path, trace["csv"])
+        write_atomic(path, trace["csv"].encode("utf-8", "replace").decode("utf-8"))
         out["%s_csv" % side] = path
         out["samples"][side] = max(0, trace["csv"].count("\n") - 1)
     if out["before_csv"] is None and out["after_csv"] is None:
@@ -482,11 +517,14 @@ def golden_contract(directory: str, klass: str) -> Optional[Dict[str, Any]]:
         record is ``upgraded`` or ``skipped`` and keeps its contract (``contract.after``), or
         ``None`` when there is none yet (the class has no golden node, or it has not passed).
     """
-    plan = _load(os.path.join(directory, "plan.json")) or {}
-    for node in plan.get("nodes") or []:
-        if not isinstance(node, Mapping) or node.get("stage") != "golden" or node.get("class") != klass:
+    plan = _load(os.path.join(directory, "plan.json"))
+    nodes = plan.get("nodes") if isinstance(plan, Mapping) else None
+    for node in nodes if isinstance(nodes, list) else []:
+        if not isinstance(node, Mapping) or node.get("stage") != "golden" or node.get("class") != klass \
+                or not isinstance(node.get("name"), str) or not _SAFE_NAME.match(node["name"]):
             continue
-        record = _load(os.path.join(directory, "nodes", "%s.json" % node.get("name"))) or {}
+        record = _load(os.path.join(directory, "nodes", "%s.json" % node["name"]))
+        record = record if isinstance(record, Mapping) else {}
         contract = record.get("contract") if isinstance(record.get("contract"), Mapping) else {}
         if record.get("result") in ("upgraded", "skipped") and isinstance(contract.get("after"), Mapping):
             return {"node": node.get("name"), "contract": contract["after"]}

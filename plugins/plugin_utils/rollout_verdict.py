@@ -450,7 +450,11 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
 
 
 def _verify_golden(result: Dict[str, Any], after: Mapping[str, Any], opts: Mapping[str, Any]) -> None:
-    match = contract_decision.golden_match(after.get("contract"), opts.get("golden"), opts.get("golden_ignore") or ())
+    try:
+        match = contract_decision.golden_match(after.get("contract"), opts.get("golden"),
+                                               opts.get("golden_ignore") or ())
+    except ValueError as exc:
+        match = {"node": (opts.get("golden") or {}).get("node"), "matches": False, "fields": [], "reasons": [str(exc)]}
     result["golden"] = match
     if match is not None and not match["matches"]:
         _fail(result, "contract_outlier", "hardware contract differs from golden node %s: %s"

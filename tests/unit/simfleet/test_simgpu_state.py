@@ -76,7 +76,12 @@ def test_concurrent_updates_are_not_lost(tmp_path):
     ("gpu_lost", {"gpu": 9}, "no GPU 9 on this node (it has 8)"),
     ("gpu_lost", {"gpu": 1, "when": "later"}, "when must be next_boot or now"),
     ("contract_outlier", {"field": "color", "value": 1}, "contract_outlier: unknown field 'color'"),
-    ("contract_outlier", {"field": "max_sm", "value": "fast"}, "value must be a whole number, not 'fast'"),
+    ("contract_outlier", {"field": "max_sm", "value": "fast"}, "value must be a whole number from 1 to 1000000, not 'fast'"),
+    ("contract_outlier", {"field": "max_sm", "value": "-5"}, "not '-5'"),
+    ("contract_outlier", {"field": "max_sm", "value": True}, "not True"),
+    ("contract_outlier", {"field": "max_sm", "value": "1410", "versoin": "620.82.01"}, "unknown argument versoin"),
+    ("contract_outlier", {"field": "max_sm", "value": "1410", "version": "new"}, "driver version such as 620.82.01, not 'new'"),
+    ("contract_outlier", {"field": "max_sm", "value": "1410", "gpu": "abc"}, "gpu must be a GPU index or all, not 'abc'"),
 ])
 def test_fault_validation(kind, args, message):
     with pytest.raises(ValueError, match=re.escape(message)):

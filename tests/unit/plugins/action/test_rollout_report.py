@@ -327,5 +327,19 @@ def test_traces_are_written_beside_the_report_with_what_moved(tmp_path):
     assert rr.store_traces(directory, "h3", {"before": {"csv": 3}, "after": None}) is None
     assert rr.store_traces(directory, "h4", {"before": {"csv": "a\n"}, "after": {"csv": "a\n", "changes": [1]}})[
         "changes"] is None
+    # Any inventory name names a file inside traces/ (an IPv6 address, a path, a long name).
+    for node, name in (("2001:db8::1", "2001%3Adb8%3A%3A1"), ("../etc", "%2E.%2Fetc"), ("nœud", "n%C5%93ud")):
+        assert rr.file_name(node) == name
+        assert rr.store_traces(directory, node, {"before": {"csv": "x\n"}})["before_csv"] == os.path.join(
+            directory, "traces", name + ".before.csv")
+    assert len(rr.file_name("n" * 253)) <= 200 and rr.file_name("n" * 253) != rr.file_name("n" * 252)
+    assert rr.store_traces(directory, "s", {"after": {"csv": "a\udcff\n"}})["after_csv"].endswith("s.after.csv")
     with pytest.raises(ValueError, match="cannot name a trace file"):
-        rr.store_traces(directory, "../etc", {"before": {"csv": ""}})
+        rr.store_traces(directory, "", {"before": {"csv": ""}})
+    # Evidence from a corrupt record: left out or said as it is, never a crash.
+    assert rr.evidence_lines({"g": {}, "h": None, "i": {"before_csv": "a", "after_csv": "b", "changes": None},
+                              "j": {"before_csv": "a", "after_csv": "b", "changes": "moved"}}) == [
+        "i, traces before and after: not compared", "j, traces before and after: not compared"]
+    assert rr.contract_lines({"gpu_x": {"node": "g", "changes": "abc"}, "gpu_y": [1], "gpu_z": {
+        "node": "z", "changes": [None, {"field": "kernel", "decision": "unexplained"}]}}) == [
+        "gpu_x (g): no change", "gpu_z (z): 1 unexplained: kernel (unexplained)"]

@@ -389,6 +389,18 @@ def test_compare_refuses_what_is_no_summary():
     with pytest.raises(ValueError, match="after: GPU 0000:18:00.0 is not a GPU summary"):
         gpu_trace.compare({}, {"0000:18:00.0": 1410})
     # A summary read back from a file with non-numeric values: those are unknown.
-    before = {"0000:18:00.0": {"sm_clock_at_power_cap_mhz": "fast", "power_w": {"median": 310.2}}}
-    after = {"0000:18:00.0": {"sm_clock_at_power_cap_mhz": None, "power_w": {"median": "355"}}}
+    before = {"0000:18:00.0": {"samples": 3, "sm_clock_at_power_cap_mhz": "fast", "power_w": {"median": 310.2}}}
+    after = {"0000:18:00.0": {"samples": 3, "sm_clock_at_power_cap_mhz": None, "power_w": {"median": "355"}}}
     assert gpu_trace.compare(before, after) == ["median power draw: 310.2 → 355.0 W on GPU 0000:18:00.0"]
+
+
+def test_compare_refuses_what_is_not_a_summary_and_reads_huge_numbers_as_unknown():
+    good = {"0000:18:00.0": {"samples": 3, "sm_clock_mhz": {"median": 1410, "max": 1410}}}
+    for bad, words in (({}, None), ({"0000:18:00.0": {}}, "no sample count"), ({"x": {"samples": True}}, "no sample count")):
+        if words is None:
+            assert gpu_trace.compare(bad, good) == ["GPU 0000:18:00.0 only in the trace after"]
+            continue
+        with pytest.raises(ValueError, match=words):
+            gpu_trace.compare(bad, good)
+    huge = {"0000:18:00.0": {"samples": 3, "sm_clock_mhz": {"median": 10 ** 400, "max": 1410}}}
+    assert gpu_trace.compare(huge, good) == ["median SM clock: unknown → 1410 MHz on GPU 0000:18:00.0"]

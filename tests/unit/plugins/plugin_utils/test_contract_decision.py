@@ -4,6 +4,7 @@ Contracts are read through the simulated NVML of a simulated H100 node (tests/si
 gpu_facts reads them on a node.
 """
 
+import json
 import os
 import sys
 
@@ -128,3 +129,30 @@ def test_a_node_that_differs_from_its_golden_node_is_named_by_field(tmp_path, mo
     other_kernel = dict(same, node=dict(same["node"], kernel="6.1.0-99-amd64"))
     assert cd.golden_match(other_kernel, {"node": "node01", "contract": golden})["matches"] is True
     assert cd.golden_match(same, None) is None and cd.golden_match(None, {"node": "n", "contract": golden}) is None
+
+
+def test_a_corrupt_record_of_changes_stops_the_rollout_instead_of_opening_the_canary_stage():
+    from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget as rb
+    from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_journal as rj
+    plan = {"nodes": [{"name": "g", "stage": "golden", "class": "gpu_h100"},
+                      {"name": "k", "stage": "canary", "class": "gpu_h100"}]}
+    accept_all_but = rb.normalize_options({"contract_accept": "memory_*"})
+    for corrupt in ({"field": "memory_reserved_mib"}, "memory_reserved_mib", None, ["memory_reserved_mib"], [None],
+                    [{"decision": "open", "text": "x"}], [{"field": "x", "decision": ["open"]}]):
+        lines = ['{"event": "started", "node": "g", "run_id": "r", "time": 1}',
+                 json.dumps({"event": "finished", "node": "g", "status": "done", "result": "upgraded", "changed": True,
+                             "time": 2, "contract_changes": corrupt})]
+        decision = rb.decide(rj.fleet_state(plan, rj.fold_lines(lines)), accept_all_but)
+        assert decision["action"] == "stop" and decision["start"] == [], corrupt
+        assert decision["stop"]["code"] in ("contract_unexplained",), corrupt
+    # A decision the record cannot prove is reopened: "expected" only for the driver's own fields.
+    forged = [{"field": "memory_reserved_mib", "text": "reserved memory 480 → 544 MiB", "decision": "expected"}]
+    assert [c["decision"] for c in cd.resolve(forged, [])] == ["unexplained"]
+    reason = cd.stop_reason("g", "gpu_h100", cd.unexplained([{"field": 3}], []))
+    assert "cannot be read" in reason and "rollout_contract_accept=" not in reason
+    # A contract that is there but is no contract: one unreadable change, no contract kept for the class.
+    bad = cd.record_contract({"contract": "x"}, {"contract": {"node": {}, "gpus": [None]}}, keep_after=True)
+    assert [c["field"] for c in bad["changes"]] == [cd.UNREADABLE] and "after" not in bad
+    with pytest.raises(ValueError, match="cannot compare with golden node g1"):
+        cd.golden_match({"node": {}, "gpus": [{"index": 0}], "units": []},
+                        {"node": "g1", "contract": {"node": {}, "gpus": [None], "units": []}})

@@ -30,12 +30,15 @@ Kinds (``args`` is a dict, or a list of ``key=value`` / positional strings from 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import catalog, klog
 
 KINDS = ("build_fail", "gpu_lost", "xid_storm", "nvml_not_supported", "version_mismatch", "gpu_busy",
          "contract_outlier", "clear")
+
+_VERSION = re.compile(r"^\d+(\.\d+){1,3}$")
 
 #: ``contract_outlier`` fields -> (state section, key) of a GPU.
 OUTLIER_FIELDS: Dict[str, Tuple[str, str]] = {
@@ -171,15 +174,25 @@ def apply_fault(state: Dict[str, Any], kind: str, args: Union[None, Dict[str, An
                 procs.append({"pid": 31000 + 100 * index + len(procs) + n, "name": "python3",
                               "used_mib": 1024, "gpu_instance_id": None, "compute_instance_id": None})
     elif kind == "contract_outlier":
+        unknown = sorted(set(opts) - set(_POSITIONAL[kind]))
+        if unknown:
+            raise ValueError("contract_outlier: unknown argument %s (known: %s)" % (", ".join(unknown),
+                                                                                   ", ".join(_POSITIONAL[kind])))
         field = str(opts.get("field") or "")
         if field not in OUTLIER_FIELDS:
             raise ValueError("contract_outlier: unknown field %r (known: %s)" % (field, ", ".join(sorted(OUTLIER_FIELDS))))
+        raw = opts.get("value")
+        if isinstance(raw, bool) or not str(raw).strip().isdigit() or not 0 < int(str(raw).strip()) <= 1000000:
+            raise ValueError("contract_outlier: value must be a whole number from 1 to 1000000, not %r" % (raw,))
+        version = opts.get("version")
+        if version not in (None, "") and not (isinstance(version, str) and _VERSION.match(version)):
+            raise ValueError("contract_outlier: version must be a driver version such as 620.82.01, not %r" % (version,))
         try:
-            value = int(opts.get("value"))
-        except (TypeError, ValueError):
-            raise ValueError("contract_outlier: value must be a whole number, not %r" % (opts.get("value"),))
-        faults["contract_outlier"].append({"field": field, "value": value, "version": opts.get("version") or None,
-                                           "gpus": _gpu_indexes(state, opts.get("gpu"), "all")})
+            gpus = _gpu_indexes(state, opts.get("gpu"), "all")
+        except (TypeError, ValueError) as exc:
+            raise ValueError("contract_outlier: gpu must be a GPU index or all, not %r (%s)" % (opts.get("gpu"), exc))
+        faults["contract_outlier"].append({"field": field, "value": int(str(raw).strip()), "version": version or None,
+                                           "gpus": gpus})
     else:  # clear
         only: Optional[str] = opts.get("kind") or None
         if only and only not in KINDS:
