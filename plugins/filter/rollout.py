@@ -99,6 +99,12 @@ def rollout_gate(per_node):
     return _call(rv.gate_verdict, per_node or {})
 
 
+def rollout_left_over(preflight, lock, lock_found, saved_snapshot, rollout_id, target_version=None):
+    """What a run that is gone left on a node already on target: its lock, an upgrade it did not record."""
+    return rv.left_over(preflight or {}, lock or None, lock_found or None, saved_snapshot or None, str(rollout_id),
+                        target_version or None)
+
+
 def rollout_versions(facts):
     """The driver's versions and state from ansible_facts.nvidia, for reports."""
     return rv.driver_versions(facts or {})
@@ -133,6 +139,7 @@ class FilterModule(object):
             "rollout_soak": rollout_soak,
             "rollout_gate": rollout_gate,
             "rollout_versions": rollout_versions,
+            "rollout_left_over": rollout_left_over,
             "rollout_resolution_note": rollout_resolution_note,
             "rollout_contract": rollout_contract,
         }

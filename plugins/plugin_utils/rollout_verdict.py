@@ -574,6 +574,36 @@ def healthy(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = ())
     return result
 
 
+def left_over(preflight_verdict: Mapping[str, Any], lock_verdict: Optional[Mapping[str, Any]],
+              lock_found: Optional[Mapping[str, Any]], saved_snapshot: Optional[Mapping[str, Any]],
+              rollout_id: str, target_version: Optional[str] = None) -> Dict[str, Any]:
+    """What a run that is gone left on a node already on target (the preflight skips it).
+
+    * ``left_lock``: the node's lock was left by a run that is gone (the lock verdict takes it
+      over): this run takes and releases it, so that the node is free again;
+    * ``unrecorded``: that run was of this rollout and closed the node's transaction with the
+      result ``upgraded`` (its snapshot says so) but died before it recorded the node: the
+      upgrade is that run's, and the node is recorded ``upgraded``, with its before from the
+      snapshot, not ``skipped``.
+
+    :param preflight_verdict: :func:`preflight`. :param lock_verdict: :func:`rollout_lock` (or ``None``).
+    :param lock_found: the lock file as read (``node_lock``), or ``None``.
+    :param saved_snapshot: the node's saved snapshot (``node_lock``), or ``None``.
+    :param rollout_id: this rollout. :param target_version: for the reason's text.
+    :returns: ``{"left_lock": bool, "unrecorded": bool, "reason": str | None}`` (``reason``: the
+        record's reason when ``unrecorded``).
+    """
+    skip = (preflight_verdict or {}).get("action") == "skip"
+    takeover = bool((lock_verdict or {}).get("takeover"))
+    snapshot = saved_snapshot if isinstance(saved_snapshot, Mapping) else {}
+    found = lock_found if isinstance(lock_found, Mapping) else {}
+    unrecorded = skip and takeover and found.get("rollout_id") == rollout_id \
+        and snapshot.get("rollout_id") == rollout_id and snapshot.get("result") == "upgraded"
+    reason = ("upgraded and verified on %s by run %s, which stopped before it recorded the node"
+              % (target_version, snapshot.get("run_id"))) if unrecorded else None
+    return {"left_lock": skip and takeover, "unrecorded": unrecorded, "reason": reason}
+
+
 def preflight(facts: Optional[Mapping[str, Any]], target_version: Optional[str] = None,
               flag: Optional[Mapping[str, Any]] = None, os_reboot_required: bool = False,
               pinned: Optional[bool] = None, options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:

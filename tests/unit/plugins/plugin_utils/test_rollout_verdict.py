@@ -20,6 +20,7 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict im
     rollout_snapshot,
     fatal_xid_counts,
     gate_verdict,
+    left_over,
     rollout_lock,
     new_fatal_xids,
     on_target,
@@ -474,3 +475,21 @@ def test_soak_new_fatal_xid_fails_the_gate():
     assert gate["failed"] == ["n2"]
     assert gate["reasons"][0].startswith("n2: new fatal Xid during the soak: Xid 119 ×5")
     assert gate_verdict({"n1": quiet})["ok"] is True
+
+
+def test_what_a_run_that_is_gone_left_on_a_node_already_on_target():
+    skip, upgrade = {"action": "skip"}, {"action": "upgrade"}
+    taken, held = {"takeover": True}, {"takeover": False}
+    lock = {"rollout_id": "driver-ltsb", "run_id": "ctl-1-2"}
+    closed = {"rollout_id": "driver-ltsb", "run_id": "ctl-1-2", "result": "upgraded", "completed": True}
+    left = left_over(skip, taken, lock, closed, "driver-ltsb", "620.82.01")
+    assert left == {"left_lock": True, "unrecorded": True,
+                    "reason": "upgraded and verified on 620.82.01 by run ctl-1-2, which stopped before it recorded the node"}
+    # Another rollout's lock, or a transaction that did not end upgraded: the lock is freed, nothing is claimed.
+    assert left_over(skip, taken, dict(lock, rollout_id="other"), closed, "driver-ltsb")["unrecorded"] is False
+    assert left_over(skip, taken, lock, dict(closed, result="rolled_back"), "driver-ltsb") == {
+        "left_lock": True, "unrecorded": False, "reason": None}
+    # A live holder, or a node that is not on target: nothing left over.
+    assert left_over(skip, held, lock, closed, "driver-ltsb") == {"left_lock": False, "unrecorded": False, "reason": None}
+    assert left_over(upgrade, taken, lock, closed, "driver-ltsb")["left_lock"] is False
+    assert left_over(skip, None, None, None, "driver-ltsb") == {"left_lock": False, "unrecorded": False, "reason": None}
