@@ -218,8 +218,9 @@ def stop_reason(node: str, klass: str, changes: Sequence[Mapping[str, Any]]) -> 
     advice = ("accept with rollout_contract_accept=%s and run the same rollout again, or roll the golden node back"
               % ",".join(str(f) for f in acceptable)) if acceptable else ""
     if UNREADABLE in fields:
-        advice += ("; " if advice else "") + "read the golden node's contract again (its record or journal line " \
-                                              "is corrupt): roll it back and run the same rollout again"
+        corrupt = ("read the golden node's contract again (its record or journal line is corrupt): roll it back "
+                   "and run the same rollout again")
+        advice = "%s; %s" % (advice, corrupt) if advice else corrupt
     return "contract change%s unexplained on golden node %s (class %s): %s; %s" % (
         "s" if len(changes) > 1 else "", node, klass, "; ".join(str(c.get("text")) for c in changes), advice)
 

@@ -176,8 +176,8 @@ def apply_fault(state: Dict[str, Any], kind: str, args: Union[None, Dict[str, An
     elif kind == "contract_outlier":
         unknown = sorted(set(opts) - set(_POSITIONAL[kind]))
         if unknown:
-            raise ValueError("contract_outlier: unknown argument %s (known: %s)" % (", ".join(unknown),
-                                                                                   ", ".join(_POSITIONAL[kind])))
+            raise ValueError("contract_outlier: unknown argument %s (known: %s)"
+                             % (", ".join(unknown), ", ".join(_POSITIONAL[kind])))
         field = str(opts.get("field") or "")
         if field not in OUTLIER_FIELDS:
             raise ValueError("contract_outlier: unknown field %r (known: %s)" % (field, ", ".join(sorted(OUTLIER_FIELDS))))
