@@ -28,8 +28,11 @@ import os
 import stat
 from typing import Any, Dict, Iterator, Mapping, Optional
 
-#: Bytes of a state file read at most: a lock or flag is a few hundred bytes; more is not ours.
-MAX_STATE_BYTES = 65536
+#: Bytes of a state file read at most. A lock or flag is a few hundred bytes; the largest is the
+#: snapshot: the facts document (about 26 kB for 8 GPUs, 77 kB after a storm of 100,000 Xid lines,
+#: docs/facts.md) and the GPU trace before the update (about 10 kB for 8 GPUs, 3 s). A file larger
+#: than this is not ours.
+MAX_STATE_BYTES = 1048576
 
 
 def read_state(path: str) -> Dict[str, Any]:

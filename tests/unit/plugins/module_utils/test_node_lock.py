@@ -42,7 +42,7 @@ def test_corrupt_files_say_why_and_are_never_an_exception(tmp_path):
         b'"text"': "holds a JSON str, not an object",
         b"\xff\xfe\x00garbage": "is not UTF-8 text",
         b"": "is not JSON",
-        b"{" + b" " * node_lock.MAX_STATE_BYTES + b"}": "is larger than 65536 bytes",
+        b"{" + b" " * node_lock.MAX_STATE_BYTES + b"}": "is larger than %d bytes" % node_lock.MAX_STATE_BYTES,
     }
     for raw, words in cases.items():
         path = tmp_path / "lock.json"

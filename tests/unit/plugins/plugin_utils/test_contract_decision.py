@@ -156,3 +156,35 @@ def test_a_corrupt_record_of_changes_stops_the_rollout_instead_of_opening_the_ca
     with pytest.raises(ValueError, match="cannot compare with golden node g1"):
         cd.golden_match({"node": {}, "gpus": [{"index": 0}], "units": []},
                         {"node": "g1", "contract": {"node": {}, "gpus": [None], "units": []}})
+
+
+def test_a_snapshot_with_its_trace_is_read_back_whole(tmp_path, monkeypatch):
+    """The snapshot node_upgrade saves (facts, local facts, trace before) stays within what node_lock reads.
+
+    Written as the role writes it (to_nice_json: indent 4), with the facts of a simulated 8-GPU
+    H100 node after a storm of 1,000 fatal Xid lines and a 3 s trace every 0.5 s of its 8 GPUs.
+    """
+    from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_trace, node_lock
+    root = str(tmp_path / "snap")
+    write_node_root(root, initial_state("h100", "node-snap"), userspace_version="580.126.20")
+    boot_node_root(root)
+    monkeypatch.setenv("SIMGPU_ROOT", root)
+    storm = "".join("[ %5d.%06d] NVRM: Xid (PCI:0000:%02x:00): %d, pid=%d, name=python3, Ch 00000010\n"
+                    % (100 + n, n, 0x18 + n % 8, (13, 31, 43, 79, 94, 119)[n % 6], 4000 + n) for n in range(1000))
+    facts = assemble_facts({"nvml": read_nvml(load_sim_pynvml()), "kernel_log": storm})
+    assert facts["xid_summary"]["total"] == 1000 and facts["gpu_count"] == 8
+    rows = []
+    for step in range(7):
+        for index in range(8):
+            row = gpu_trace.new_row(time_s=step * 0.5, gpu=index, pci_bus_id="0000:%02x:00.0" % (0x18 + index),
+                                    uuid="GPU-%08d-0000-0000-0000-000000000000" % index)
+            row.update(pstate="P0", sm_clock_mhz=1980, mem_clock_mhz=2619, power_w=699.9, temperature_c=61,
+                       utilization_gpu_pct=100, clocks_event_reasons=["sw_power_cap"])
+            rows.append(row)
+    snapshot = {"rollout_id": "driver-ltsb", "run_id": "ctl-1-1", "facts": facts, "local_facts": {},
+                "trace": {"csv": gpu_trace.to_csv(rows), "summary": gpu_trace.summarize(rows)}}
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps(snapshot, indent=4) + "\n")
+    assert path.stat().st_size < node_lock.MAX_STATE_BYTES // 4
+    state = node_lock.read_state(str(path))
+    assert state["unreadable"] is None and state["content"]["trace"]["summary"]["0000:18:00.0"]["samples"] == 7
