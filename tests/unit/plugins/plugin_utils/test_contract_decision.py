@@ -162,7 +162,7 @@ def test_a_snapshot_with_its_trace_is_read_back_whole(tmp_path, monkeypatch):
     """The snapshot node_upgrade saves (facts, local facts, trace before) stays within what node_lock reads.
 
     Written as the role writes it (to_nice_json: indent 4), with the facts of a simulated 8-GPU
-    H100 node after a storm of 1,000 fatal Xid lines and a 3 s trace every 0.5 s of its 8 GPUs.
+    H100 node with 1,000 Xid lines in its kernel log and a 3 s trace every 0.5 s of its 8 GPUs.
     """
     from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_trace, node_lock
     root = str(tmp_path / "snap")
