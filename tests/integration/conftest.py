@@ -74,7 +74,7 @@ MODULE_SECONDS = {
     "test_rollout_faults.py": 400,
     "test_policy_role.py": 300,
     "test_awx_runner.py": 400,
-    "test_rollout_contract.py": 420,
+    "test_rollout_contract.py": 200,
     "test_simfleet_lifecycle.py": 150,
     "test_driver_kernel_hold.py": 150,
     "test_simfleet_slurm.py": 100,
