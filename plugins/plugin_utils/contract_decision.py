@@ -58,7 +58,7 @@ _WHY = {
     "expected": "the driver's own",
     "held": "held by the declared GPU policy",
     "now_known": "now read",
-    "accepted": "accepted (rollout_contract_accept)",
+    "accepted": "accepted in rollout_contract_accept",
     "unexplained": "unexplained",
 }
 

@@ -91,7 +91,7 @@ def test_the_controller_settles_open_changes_against_the_accept_list():
     settled = cd.resolve(changes, cd.parse_accept("memory_reserved_mib"))
     assert [(c["field"], c["decision"], c["why"]) for c in settled] == [
         ("driver_loaded_version", "expected", "the driver's own"),
-        ("memory_reserved_mib", "accepted", "accepted (rollout_contract_accept)"),
+        ("memory_reserved_mib", "accepted", "accepted in rollout_contract_accept"),
         ("app_clock_default_graphics_mhz", "unexplained", "unexplained")]
     assert cd.unexplained(changes, ["memory_reserved_mib", "app_clock_default_*"]) == []
     reason = cd.stop_reason("node01", "gpu_h100", cd.unexplained(changes, []))
