@@ -32,6 +32,16 @@ The rules (docs/rollout.md):
   running then go on beside the waves, under the same zero tolerance: one that fails stops the
   rollout. A pool of 40 nodes whose slowest few wait for long jobs no longer holds its class's
   waves for them.
+* **Two admissions: the drain, then the install** (``drain_ahead``, default on). A node starts
+  (its drain is requested) as soon as its class's capacity budget has room, whatever its stage:
+  draining touches no driver. Its install is admitted separately, once its drain is done, its
+  stage is open and the window has room (:func:`install_admissions`). Long drains so overlap
+  the golden and canary gates instead of following them. A node waiting for its install keeps
+  its slot; when the rollout stops, the nodes not yet installing are released (returned to
+  service untouched, ``release``). Wave nodes start longest drain first when the scheduler's
+  estimate of each drain is known (``drain_estimate_s``: the end time of the node's running
+  jobs); inventory order otherwise. With ``drain_ahead`` off, a node starts only when its stage
+  is open and the window has room, and its install follows its drain at once.
 * **Zero tolerance in the golden and canary stages, for failures the driver can be blamed for.**
   A golden or canary node that fails after its install began stops the rollout. One that fails
   before (drain, preflight, the node unreachable before the install: its record has no
@@ -83,6 +93,7 @@ DEFAULTS = {
     "window_initial": 1,
     "window_growth": 2,
     "canary_quorum": "50%",
+    "drain_ahead": True,
     "contract_changes": "stop",
     "contract_accept": [],
 }
@@ -177,12 +188,42 @@ def _positive_int(value: Any, name: str) -> int:
     return int(text)
 
 
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _boolean(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("%s must be true or false, got %r" % (name, value))
+
+
+def phase(node: Mapping[str, Any]) -> Optional[str]:
+    """Where an in-flight node is in its transaction: ``draining`` (its drain requested, jobs still
+    running), ``drained`` (drained, waiting for its install admission) or ``installing`` (its install
+    was admitted, or nothing says otherwise: a journal without drain events). ``None`` when the node
+    is not in flight."""
+    if node.get("status") != "in_flight":
+        return None
+    if node.get("draining"):
+        return "draining"
+    if node.get("drained"):
+        return "drained"
+    return "installing"
+
+
 def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Validate and normalise the budget options (missing ones take :data:`DEFAULTS`).
 
     :param options: ``{"max_unavailable", "max_unavailable_domain", "failure_budget",
         "signature_limit", "background_failure_rate", "signature_alpha", "window_initial",
-        "window_growth", "canary_quorum", "contract_changes" (stop | warn), "contract_accept"
+        "window_growth", "canary_quorum", "drain_ahead" (bool; text true/false, yes/no, 1/0),
+        "contract_changes" (stop | warn), "contract_accept"
         (patterns, contract_decision.parse_accept)}``; values may be text (extra vars).
     :returns: the same keys with amounts as :func:`parse_amount` tuples and numbers as numbers.
     :raises ValueError: naming the first bad value, or an option that does not exist.
@@ -203,6 +244,7 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
         "window_initial": _positive_int(raw["window_initial"], "rollout_window_initial"),
         "window_growth": _non_negative_number(raw["window_growth"], "rollout_window_growth"),
         "canary_quorum": parse_amount(raw["canary_quorum"], "rollout_canary_quorum"),
+        "drain_ahead": _boolean(raw["drain_ahead"], "rollout_drain_ahead"),
         "contract_changes": contract_decision.parse_mode(raw["contract_changes"]),
         "contract_accept": contract_decision.parse_accept(raw["contract_accept"]),
     }
@@ -320,7 +362,8 @@ def budgets(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> D
     :param nodes: as for :func:`decide`.
     :param options: from :func:`normalize_options`.
     :returns: ``{class: {"nodes", "max_unavailable", "out_of_service", "free", "in_flight",
-        "failed", "failed_after_install", "failure_budget", "verified": {stage: n}}}``; ``free``
+        "installing" (in flight past the install admission, :func:`phase`), "failed",
+        "failed_after_install", "failure_budget", "verified": {stage: n}}}``; ``free``
         is ``max_unavailable - out_of_service`` (at least 0) before this step's starts.
     """
     out = {}  # type: Dict[str, Dict[str, Any]]
@@ -328,7 +371,7 @@ def budgets(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> D
         klass = node["class"]
         row = out.get(klass)
         if row is None:
-            row = out[klass] = {"nodes": 0, "out_of_service": 0, "in_flight": 0, "failed": 0,
+            row = out[klass] = {"nodes": 0, "out_of_service": 0, "in_flight": 0, "installing": 0, "failed": 0,
                                 "failed_after_install": 0, "verified": {"golden": 0, "canary": 0, "waves": 0}}
         row["nodes"] += 1
         status = node.get("status")
@@ -336,6 +379,8 @@ def budgets(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any]) -> D
             row["out_of_service"] += 1
         if status == "in_flight":
             row["in_flight"] += 1
+            if phase(node) == "installing":
+                row["installing"] += 1
         elif status == "failed":
             row["failed"] += 1
             if node.get("implicates_driver"):
@@ -476,17 +521,20 @@ def stage_gates(nodes: Sequence[Mapping[str, Any]], quorum: Optional[Tuple[str, 
         stage = node.get("stage")
         status = node.get("status")
         members.setdefault(klass, set()).add(stage)
-        if status in ("in_flight", "done", "failed"):
-            # A node refused by its preflight (drained by someone else, say) ran nothing: the
+        if phase(node) == "installing" or status == "done" or (status == "failed" and not blameless(node)):
+            # A node refused by its preflight (drained by someone else, say) ran nothing, and a node
+            # drained ahead of its stage, or failed before its install, installed nothing: the
             # class has not reached its stage through it.
             reached[klass] = max(reached.get(klass, 0), _RANK.get(stage, 2))
         else:
             reached.setdefault(klass, 0)
         if stage == "canary" and klass in passed:
             continue
+        # A golden node in flight holds its stage whatever it is doing: nothing after it installs
+        # before it has passed. A canary node still draining does not (the quorum's "left out").
         if stage in ("golden", "canary") and (
                 (status == "pending" and not node.get("out_of_service"))
-                or (status == "in_flight" and not node.get("draining"))):
+                or (status == "in_flight" and (stage == "golden" or not node.get("draining")))):
             open_stages.setdefault(klass, set()).add(stage)
     fleet_open = set()
     for klass, stages in open_stages.items():
@@ -504,6 +552,87 @@ def stage_gates(nodes: Sequence[Mapping[str, Any]], quorum: Optional[Tuple[str, 
     return out
 
 
+def start_order(startable: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    """The order in which pending nodes start: golden, canary, then wave nodes longest drain first.
+
+    :param startable: pending nodes in priority order (inventory order within a stage).
+    :returns: the same nodes; golden and canary nodes keep their order, and wave nodes with a
+        ``drain_estimate_s`` (seconds until the node's running jobs end, from its scheduler) come
+        first, longest first, then the others in inventory order. Starting the longest drains
+        first keeps a job that runs for hours from starting last and holding the rollout's end.
+    """
+    def key(item):
+        index, node = item
+        rank = _RANK.get(node.get("stage"), 2)
+        estimate = node.get("drain_estimate_s")
+        if rank < 2 or not isinstance(estimate, (int, float)) or isinstance(estimate, bool) or math.isnan(estimate):
+            return (rank, 1, 0.0, index)
+        return (rank, 0, -float(estimate), index)
+    return [node for _index, node in sorted(enumerate(startable), key=key)]
+
+
+def install_windows(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
+                    rows: Mapping[str, Mapping[str, Any]], gates: Mapping[str, str]) -> Dict[str, int]:
+    """Per class, how many more transactions may begin their install now (the slow start).
+
+    In a class's golden stage, and in its canary stage once a golden node has passed: as many as
+    the capacity budget has room for. Otherwise ``window_initial + window_growth x verified /
+    (1 + failures after the install, all classes)`` minus the class's transactions past their
+    install admission (``installing``; with ``drain_ahead`` off, all of its transactions in
+    flight), where ``verified`` counts golden and canary nodes, and wave nodes once the waves
+    are open.
+
+    :returns: ``{class: n}`` (0 or more).
+    """
+    slowdown = 1 + sum(row["failed_after_install"] for row in rows.values())
+    ahead = bool(options.get("drain_ahead", True))
+    window = {}
+    for klass, row in rows.items():
+        stage = gates.get(klass, "golden")
+        if stage == "golden" or (stage == "canary" and row["verified"].get("golden", 0) > 0):
+            window[klass] = row["free"] if not ahead else row["max_unavailable"]
+        else:
+            verified = (row["verified"].get("golden", 0) + row["verified"].get("canary", 0)
+                        + (row["verified"].get("waves", 0) if stage == "waves" else 0))
+            busy = row["installing"] if ahead else row["in_flight"]
+            window[klass] = max(0, int(options["window_initial"] + options["window_growth"] * verified / slowdown)
+                                - busy)
+    return window
+
+
+def install_admissions(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
+                       rows: Mapping[str, Mapping[str, Any]], gates: Mapping[str, str],
+                       window: Optional[Dict[str, int]] = None) -> List[str]:
+    """Drained nodes whose install may begin now (``drain_ahead``), in priority order.
+
+    A node waiting for its install (:func:`phase` ``drained``) is admitted when its stage is open
+    for its class (:func:`stage_gates`; a canary node that drained while its class's waves were
+    already open goes on under zero tolerance) and its class's window has room
+    (:func:`install_windows`); golden and canary nodes are not held by the waves' window. The
+    node already holds its capacity slot.
+
+    :param window: from :func:`install_windows`; consumed (it is decremented per wave node
+        admitted). ``None``: computed here.
+    :returns: node names.
+    """
+    window = window if window is not None else install_windows(nodes, options, rows, gates)
+    out = []
+    for node in nodes:
+        if phase(node) != "drained":
+            continue
+        klass = node["class"]
+        rank = _RANK.get(node.get("stage"), 2)
+        gate = _RANK[gates.get(klass, "golden")]
+        if rank > gate:
+            continue
+        if rank == gate and window.get(klass, 0) <= 0:
+            continue
+        out.append(node["name"])
+        if rank == gate:
+            window[klass] -= 1
+    return out
+
+
 def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
            candidates: Optional[Iterable[str]] = None, limit: Optional[int] = None) -> Dict[str, Any]:
     """Decide the next step of a rollout: which nodes to start now, or why to wait or stop.
@@ -512,14 +641,19 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
         each ``{"name", "class", "stage" (golden | canary | waves), "status" (:data:`STATUSES`),
         "out_of_service"?: bool (drained, down or unreachable by someone else's doing: counts
         against the budget, is not started), "draining"?: bool (in flight, still waiting for its
-        drain: it keeps its slot and holds no stage open), "domain"?: failure domain, "finished_at"?: epoch s,
+        drain: it keeps its slot; a canary node holds no stage open), "drained"?: bool (in flight,
+        drained, waiting for its install admission), "drain_estimate_s"?: seconds until its
+        running jobs end (:func:`start_order`), "domain"?: failure domain, "finished_at"?: epoch s,
         "changed"?: False for a node that was already on target, "signature"?,
         "implicates_driver"?: bool, "target"?: version, "contract_changes"?: a golden node's
         ``contract_decision.classify`` from its record}``.
     :param options: from :func:`normalize_options`.
     :param candidates: names this step may start (the step's hosts); ``None``: any.
     :param limit: start at most this many (the controller's free workers); ``None``: no limit.
-    :returns: ``{"action": "start" | "wait" | "done" | "stop", "start": [names], "stages":
+    :returns: ``{"action": "start" | "wait" | "done" | "stop", "start": [names] (their drain may
+        begin), "install": [names] (drained nodes whose install may begin, :func:`install_admissions`;
+        with ``drain_ahead`` off always empty: the install follows the drain), "release": [names]
+        (on a stop: nodes in flight whose install has not begun, to return to service), "stages":
         {class: the stage open for it (:func:`stage_gates`)}, "stop": :func:`stop_reason`
         | None, "budgets": :func:`budgets`, "quarantined": [failed nodes], "deferred": [nodes
         still to do that are out of service], "in_flight": n, "stand_ins": :func:`stand_ins`,
@@ -533,13 +667,15 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
     quarantined = [n["name"] for n in nodes if n.get("status") == "failed"]
     deferred = [n["name"] for n in nodes if n.get("status") == "pending" and n.get("out_of_service")]
     in_flight = sum(row["in_flight"] for row in rows.values())
-    result = {"action": "wait", "start": [], "stages": {}, "stop": stop, "budgets": rows,
+    result = {"action": "wait", "start": [], "install": [], "release": [], "stages": {}, "stop": stop, "budgets": rows,
               "quarantined": quarantined, "deferred": deferred, "in_flight": in_flight,
               "stand_ins": dict((n["name"], {"stage": n["stage"], "replaces": n["stand_in_for"]})
                                 for n in nodes if n.get("stand_in_for")),
               "contract": contract_verdicts(nodes, options)}
     if stop is not None:
         result["action"] = "stop"
+        # Nodes whose install has not begun go back to service untouched.
+        result["release"] = [n["name"] for n in nodes if phase(n) in ("draining", "drained")]
         return result
     startable = [n for n in nodes if n.get("status") == "pending" and not n.get("out_of_service")]
     if not startable and not in_flight:
@@ -548,6 +684,9 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
     gates = stage_gates(nodes, options.get("canary_quorum"))
     result["stages"] = gates
     if not startable:
+        if options.get("drain_ahead", True):
+            result["install"] = install_admissions(nodes, options, rows, gates)
+            result["action"] = "start" if result["install"] else "wait"
         return result
     allowed = set(candidates) if candidates is not None else None
     domain_free = {}  # type: Dict[Any, int]
@@ -556,30 +695,21 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
         busy = _class_sizes([n for n in nodes if _out_of_service(n)], "domain")
         for domain, size in sizes.items():
             domain_free[domain] = amount_of(options["max_unavailable_domain"], size) - busy.get(domain, 0)
-    # Each failure the driver can be blamed for, in any class, slows the widening: the window is
-    # sized so that the failures it can still expose stay about the same once the driver is suspect.
-    slowdown = 1 + sum(row["failed_after_install"] for row in rows.values())
-    window = {}
-    for klass, row in rows.items():
-        stage = gates[klass]
-        if stage == "golden" or (stage == "canary" and row["verified"].get("golden", 0) > 0):
-            window[klass] = row["free"]
-        else:
-            verified = (row["verified"].get("golden", 0) + row["verified"].get("canary", 0)
-                        + (row["verified"].get("waves", 0) if stage == "waves" else 0))
-            window[klass] = max(0, int(options["window_initial"] + options["window_growth"] * verified / slowdown)
-                                - row["in_flight"])
+    ahead = bool(options.get("drain_ahead", True))
+    window = install_windows(nodes, options, rows, gates)
+    if ahead:
+        result["install"] = install_admissions(nodes, options, rows, gates, window)
     free = dict((klass, row["free"]) for klass, row in rows.items())
     chosen = []
-    for node in startable:
-        if _RANK.get(node.get("stage"), 2) > _RANK[gates[node["class"]]]:
+    for node in start_order(startable):
+        klass = node["class"]
+        if not ahead and _RANK.get(node.get("stage"), 2) > _RANK[gates[klass]]:
             continue
         if allowed is not None and node["name"] not in allowed:
             continue
         if limit is not None and len(chosen) >= limit:
             break
-        klass = node["class"]
-        if free[klass] <= 0 or window[klass] <= 0:
+        if free[klass] <= 0 or (not ahead and window[klass] <= 0):
             continue
         domain = node.get("domain")
         if domain in domain_free and domain_free[domain] <= 0:
@@ -590,5 +720,5 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
         if domain in domain_free:
             domain_free[domain] -= 1
     result["start"] = chosen
-    result["action"] = "start" if chosen else "wait"
+    result["action"] = "start" if chosen or result["install"] else "wait"
     return result

@@ -9,8 +9,12 @@ import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget as rb
 
-OPTIONS = rb.normalize_options({})
-WHOLE_POOL = rb.normalize_options({"canary_quorum": "100%"})
+# One admission per node (the drain and the install together): the stage and window rules as a
+# step applies them to starts. With drain_ahead (the default) the same rules apply to installs,
+# tested below with AHEAD.
+OPTIONS = rb.normalize_options({"drain_ahead": False})
+WHOLE_POOL = rb.normalize_options({"canary_quorum": "100%", "drain_ahead": False})
+AHEAD = rb.normalize_options({})
 
 
 def fleet(counts, golden=1, canary=1):
@@ -205,7 +209,7 @@ def test_the_waves_open_at_the_canary_quorum_and_the_rest_keep_zero_tolerance():
     # window 1 + 2 x 3 verified - 2 in flight = 5.
     assert decision["stages"]["gpu_h100"] == "waves"
     assert decision["start"] == ["gpu_h100-%02d" % i for i in range(5, 10)]
-    whole = rb.decide(nodes, rb.normalize_options({"canary_quorum": "100%"}))
+    whole = rb.decide(nodes, rb.normalize_options({"drain_ahead": False, "canary_quorum": "100%"}))
     assert whole["stages"]["gpu_h100"] == "canary" and whole["start"] == []
     named["gpu_h100-03"].update(status="failed", signature="xid 79", implicates_driver=True)
     stopped = rb.decide(nodes, OPTIONS)
@@ -400,14 +404,14 @@ def test_an_unexplained_contract_change_of_a_golden_node_stops_before_its_canary
     assert [c["decision"] for c in decision["contract"]["gpu_h100"]["changes"]] == ["expected", "unexplained"]
     assert decision["contract"]["gpu_a100"]["unexplained"] == []
     # Accepted (the approval step of the workflow), the same state decides on: the A100 canary starts.
-    accepted = rb.decide(nodes, rb.normalize_options({"contract_accept": "memory_reserved_mib"}))
+    accepted = rb.decide(nodes, rb.normalize_options({"drain_ahead": False, "contract_accept": "memory_reserved_mib"}))
     assert accepted["stop"] is None and accepted["start"] == ["gpu_a100-01"]
     assert [c["decision"] for c in accepted["contract"]["gpu_h100"]["changes"]] == ["expected", "accepted"]
     named["gpu_h100-00"]["status"] = "done"
-    assert rb.decide(nodes, rb.normalize_options({"contract_accept": ["memory_*"]}))["start"] == [
+    assert rb.decide(nodes, rb.normalize_options({"drain_ahead": False, "contract_accept": ["memory_*"]}))["start"] == [
         "gpu_h100-01", "gpu_a100-01"]
     # warn: the report shows it, nothing stops.
-    warned = rb.decide(nodes, rb.normalize_options({"contract_changes": "warn"}))
+    warned = rb.decide(nodes, rb.normalize_options({"drain_ahead": False, "contract_changes": "warn"}))
     assert warned["stop"] is None and len(warned["contract"]["gpu_h100"]["unexplained"]) == 1
     # A wave node's changes are not its class's decision.
     waves = fleet({"gpu_l40s": 20})
@@ -416,3 +420,86 @@ def test_an_unexplained_contract_change_of_a_golden_node_stops_before_its_canary
     assert rb.decide(waves, OPTIONS)["stop"] is None
     with pytest.raises(ValueError, match="rollout_contract_changes must be stop or warn"):
         rb.normalize_options({"contract_changes": "halt"})
+
+
+# --- Two admissions (drain_ahead, the default): the drain within the capacity budget, the install
+# --- when the stage is open and the window has room.
+
+def test_drain_ahead_starts_drains_within_the_budget_whatever_the_stage():
+    nodes = fleet({"gpu_h100": 30}, golden=1, canary=2)
+    first = rb.decide(nodes, AHEAD)
+    # 10 % of 30: three slots; the golden node and both canary nodes drain now, nothing installs.
+    assert first["start"] == ["gpu_h100-00", "gpu_h100-01", "gpu_h100-02"] and first["install"] == []
+    assert first["stages"] == {"gpu_h100": "golden"}
+    named = by_name(nodes)
+    for name in first["start"]:
+        named[name].update(status="in_flight", draining=True)
+    # Draining ahead does not open a later stage: the golden node holds its stage while it drains.
+    again = rb.decide(nodes, AHEAD)
+    assert again["stages"] == {"gpu_h100": "golden"} and again["start"] == [] and again["action"] == "wait"
+    named["gpu_h100-01"].update(draining=False, drained=True)
+    assert rb.decide(nodes, AHEAD)["install"] == []          # a canary node waits for the golden node
+    named["gpu_h100-00"].update(draining=False, drained=True)
+    decision = rb.decide(nodes, AHEAD)
+    assert decision["install"] == ["gpu_h100-00"] and decision["action"] == "start"
+    named["gpu_h100-00"].update(drained=False)             # installing
+    assert rb.phase(named["gpu_h100-00"]) == "installing" and rb.decide(nodes, AHEAD)["install"] == []
+    named["gpu_h100-00"].update(status="done", changed=True)
+    decision = rb.decide(nodes, AHEAD)
+    # The golden node passed: its class's canary pool installs together; the one still draining
+    # holds nothing open, and the free slot goes to the first wave node's drain.
+    assert decision["stages"] == {"gpu_h100": "canary"} and decision["install"] == ["gpu_h100-01"]
+    assert decision["start"] == ["gpu_h100-03"]
+
+
+def test_drained_wave_nodes_install_within_the_window_once_the_waves_open():
+    nodes = fleet({"gpu_h100": 100}, golden=1, canary=1)
+    named = by_name(nodes)
+    named["gpu_h100-00"].update(status="done", changed=True)
+    named["gpu_h100-01"].update(status="in_flight")             # the canary installs (no drain event)
+    for index in range(2, 11):
+        named["gpu_h100-%02d" % index].update(status="in_flight", drained=True)
+    decision = rb.decide(nodes, AHEAD)
+    assert decision["stages"] == {"gpu_h100": "canary"} and decision["install"] == [] and decision["start"] == []
+    named["gpu_h100-01"].update(status="done", changed=True)
+    decision = rb.decide(nodes, AHEAD)
+    # Window 1 + 2 x 2 verified = 5 installs at once; the budget (10) is held by the nine drained
+    # nodes, so one more drains.
+    assert decision["stages"] == {"gpu_h100": "waves"}
+    assert decision["install"] == ["gpu_h100-%02d" % i for i in range(2, 7)]
+    assert decision["start"] == ["gpu_h100-11"]
+    for name in decision["install"]:
+        named[name]["drained"] = False
+    assert rb.decide(nodes, AHEAD)["install"] == []             # five installing: the window is full
+
+
+def test_a_stop_releases_the_nodes_not_yet_installing():
+    nodes = fleet({"gpu_h100": 40}, golden=1, canary=1)
+    named = by_name(nodes)
+    named["gpu_h100-00"].update(status="failed", signature="xid 79", implicates_driver=True)
+    named["gpu_h100-01"].update(status="in_flight", draining=True)
+    named["gpu_h100-02"].update(status="in_flight", drained=True)
+    named["gpu_h100-03"].update(status="in_flight")
+    decision = rb.decide(nodes, AHEAD)
+    assert decision["action"] == "stop" and decision["stop"]["code"] == "stage_failure"
+    assert decision["release"] == ["gpu_h100-01", "gpu_h100-02"] and decision["start"] == []
+
+
+def test_wave_nodes_start_longest_drain_first():
+    nodes = fleet({"gpu_h100": 60}, golden=1, canary=1)
+    named = by_name(nodes)
+    named["gpu_h100-01"]["drain_estimate_s"] = 1.0           # a canary keeps its place
+    named["gpu_h100-40"]["drain_estimate_s"] = 18000.0
+    named["gpu_h100-30"]["drain_estimate_s"] = 7200.0
+    named["gpu_h100-05"]["drain_estimate_s"] = float("nan")  # no estimate: inventory order
+    order = [n["name"] for n in rb.start_order([n for n in nodes if n["status"] == "pending"])]
+    assert order[:6] == ["gpu_h100-00", "gpu_h100-01", "gpu_h100-40", "gpu_h100-30", "gpu_h100-02", "gpu_h100-03"]
+    assert rb.decide(nodes, AHEAD)["start"] == order[:6]
+
+
+def test_drain_ahead_reads_extra_var_text():
+    assert rb.normalize_options({"drain_ahead": "false"})["drain_ahead"] is False
+    assert rb.normalize_options({"drain_ahead": "Yes"})["drain_ahead"] is True
+    assert rb.normalize_options({})["drain_ahead"] is True
+    with pytest.raises(ValueError, match="rollout_drain_ahead must be true or false, got 'maybe'"):
+        rb.normalize_options({"drain_ahead": "maybe"})
