@@ -1,12 +1,14 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.nvidia contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Controller side of a rollout step: plan (validate), choose the step's hosts, admit a node."""
+"""Controller side of a rollout step: plan (validate), choose the step's hosts, admit a node (its
+drain, then its install), record a node released untouched at a stop."""
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import time
 
@@ -15,11 +17,13 @@ from ansible import context
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import scheduler_state
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import run_alive
 
 ARGUMENT_SPEC = {
-    "state": {"type": "str", "required": True, "choices": ["plan", "choose", "admit", "unfinished"]},
+    "state": {"type": "str", "required": True, "choices": ["plan", "choose", "admit", "install", "released",
+                                                           "unfinished"]},
     "report_dir": {"type": "path", "required": True},
     "rollout_id": {"type": "str"},
     "stages": {"type": "dict"},
@@ -33,6 +37,8 @@ ARGUMENT_SPEC = {
     "candidates": {"type": "list", "elements": "str", "default": []},
     "run_id": {"type": "str"},
     "poll_s": {"type": "float", "default": 2.0},
+    "squeue": {"type": "list", "elements": "str", "default": []},
+    "slurm_names": {"type": "dict", "default": {}},
     "allow_concurrent": {"type": "bool", "default": False},
     "concurrent_stale_s": {"type": "float", "default": 21600.0},
 }
@@ -106,6 +112,63 @@ def plan_nodes(stages, groups, class_prefix, domain_prefix):
     return nodes
 
 
+ESTIMATES = "drain_estimates.json"
+
+
+def drain_ends(outputs, slurm_names, now):
+    """When each node's drain can be over at the latest, from its Slurm controllers' ``squeue``.
+
+    :param outputs: ``squeue --noheader --states=RUNNING,COMPLETING --format=%N|%L`` outputs, one
+        per Slurm controller (``scheduler_state.slurm_drain_estimates``).
+    :param slurm_names: ``{inventory host: Slurm node name or None}`` (None: the host's short name).
+    :param now: epoch seconds.
+    :returns: ``{inventory host: epoch seconds}`` for the hosts with a running job that has a
+        time limit; an idle node has none (its drain is quick).
+    """
+    left = {}
+    for text in outputs or []:
+        for name, seconds in scheduler_state.slurm_drain_estimates(text).items():
+            left[name] = max(left.get(name, 0.0), seconds)
+    ends = {}
+    for host, name in (slurm_names or {}).items():
+        name = str(name) if name not in (None, "") else str(host).split(".", maxsplit=1)[0]
+        if name in left:
+            ends[str(host)] = now + left[name]
+    return ends
+
+
+def write_estimates(directory, ends):
+    """Keep the drain ends of this step beside the journal (I/O: an atomic replace)."""
+    path = os.path.join(directory, ESTIMATES)
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
+        json.dump({"ends": ends}, handle, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+def read_estimates(directory):
+    """The drain ends :func:`write_estimates` kept, ``{host: epoch}``; ``{}`` when absent or unreadable."""
+    try:
+        with open(os.path.join(directory, ESTIMATES), "r", encoding="utf-8") as handle:
+            ends = json.load(handle).get("ends")
+    except (IOError, OSError, ValueError, AttributeError):
+        return {}
+    if not isinstance(ends, dict):
+        return {}
+    return dict((str(k), float(v)) for k, v in ends.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v))
+
+
+def with_estimates(nodes, ends, now):
+    """``nodes`` (``rollout_journal.fleet_state``) with ``drain_estimate_s`` (seconds left, at least 0)
+    where a drain end is known."""
+    if not ends:
+        return nodes
+    for node in nodes:
+        if node["name"] in ends:
+            node["drain_estimate_s"] = max(0.0, ends[node["name"]] - now)
+    return nodes
+
+
 def _load_plan(directory):
     try:
         with open(os.path.join(directory, "plan.json"), "r", encoding="utf-8") as handle:
@@ -147,7 +210,8 @@ def choose_hosts(nodes, options, limit):
 
 
 class ActionModule(ControllerAction):
-    """plan: validate and write the plan; choose: the next step's hosts; admit: wait for a slot."""
+    """plan: validate and write the plan; choose: the next step's hosts; admit: wait for a slot;
+    install: wait for the install admission after the drain; released: the node is back in service."""
 
     NAME = "rollout_step"
     ARGUMENT_SPEC = ARGUMENT_SPEC
@@ -169,7 +233,16 @@ class ActionModule(ControllerAction):
         if args["state"] == "choose":
             plan = _load_plan(directory) if not self._task.check_mode else {"nodes": []}
             limit = args["step_hosts"] or int(context.CLIARGS.get("forks") or 5)
-            decision, hosts = choose_hosts(rollout_journal.fleet_state(plan, rollout_journal.read(directory)), options, limit)
+            now = time.time()
+            ends = drain_ends(args["squeue"], args["slurm_names"], now)
+            if not self._task.check_mode and (ends or os.path.exists(os.path.join(directory, ESTIMATES))):
+                write_estimates(directory, ends)
+            nodes = with_estimates(rollout_journal.fleet_state(plan, rollout_journal.read(directory)), ends, now)
+            decision, hosts = choose_hosts(nodes, options, limit)
+            result["drain_estimates"] = len(ends)
+            # A stopped rollout's step takes its nodes in flight (to release or finish them); when
+            # they fill the step, the next step takes the rest.
+            result["limit"] = limit
             result.update({"action": decision["action"], "hosts": hosts, "stop": decision["stop"],
                            "classes": decision["budgets"], "quarantined": decision["quarantined"],
                            "deferred": decision["deferred"], "stages": decision["stages"]})
@@ -178,6 +251,16 @@ class ActionModule(ControllerAction):
             journal = rollout_journal.read(directory)
             result["unfinished"] = rollout_journal.unfinished(journal, args["candidates"])
             result["pending"] = rollout_journal.pending(journal, args["candidates"])
+            return result
+        if args["state"] == "install":
+            return self._install(result, args, options, directory)
+        if args["state"] == "released":
+            if not args["node"]:
+                raise AnsibleActionFail("rollout_step: state=released needs node")
+            if not self._task.check_mode:
+                rollout_journal.append(directory, {"event": "released", "node": args["node"], "run_id": args["run_id"],
+                                                   "time": time.time()})
+            result["changed"] = True
             return result
         return self._admit(result, args, options, directory)
 
@@ -232,6 +315,7 @@ class ActionModule(ControllerAction):
             return result
         plan = _load_plan(directory)
         candidates = set(args["candidates"] or [node])
+        ends = read_estimates(directory)
         seen = None
         while True:
             with rollout_journal.locked(directory):
@@ -252,11 +336,14 @@ class ActionModule(ControllerAction):
                     if mine.get("status") in ("done", "failed", "refused"):
                         result.update({"admitted": False, "why": "already %s in this rollout" % mine["result"]})
                         return result
-                    nodes = rollout_journal.fleet_state(plan, journal)
+                    nodes = with_estimates(rollout_journal.fleet_state(plan, journal), ends, time.time())
                     decision = rollout_budget.decide(nodes, options, candidates=candidates)
                     if node in decision["start"]:
-                        rollout_journal.append_in_lock(directory, {
-                            "event": "started", "node": node, "run_id": args["run_id"], "time": time.time()})
+                        event = {"event": "started", "node": node, "run_id": args["run_id"], "time": time.time()}
+                        if options["drain_ahead"]:
+                            # Its install waits for a second admission (state=install) after its drain.
+                            event["draining"] = True
+                        rollout_journal.append_in_lock(directory, event)
                         result.update({"admitted": True, "resumed": False, "why": "a slot of class %s is free"
                                        % next(n["class"] for n in nodes if n["name"] == node)})
                         return result
@@ -266,5 +353,58 @@ class ActionModule(ControllerAction):
                         return result
                     if not decision["in_flight"] and not decision["start"]:
                         result.update({"admitted": False, "why": "no slot can free up in this step"})
+                        return result
+            time.sleep(args["poll_s"])
+
+    def _install(self, result, args, options, directory):
+        """Wait until the drained node's install is admitted (``rollout_budget.install_admissions``).
+
+        :returns: ``admitted`` true (journal ``installing``), or false with ``released`` true and
+            ``why`` when the rollout stopped before it: the node goes back to service untouched.
+            A node whose journal says nothing of its drain (an older run), and any node with
+            ``drain_ahead`` off, is admitted at once.
+        """
+        node = args["node"]
+        if not node:
+            raise AnsibleActionFail("rollout_step: state=install needs node")
+        result.update({"admitted": True, "released": False})
+        if self._task.check_mode or not options["drain_ahead"]:
+            return result
+        plan = _load_plan(directory)
+        seen = None
+        while True:
+            with rollout_journal.locked(directory):
+                try:
+                    stamp = os.stat(os.path.join(directory, rollout_journal.JOURNAL)).st_mtime_ns
+                except OSError:
+                    stamp = 0
+                if stamp != seen:
+                    journal = rollout_journal.read(directory)
+                    mine = journal.get(node) or {}
+                    if mine.get("status") != "in_flight":
+                        raise AnsibleActionFail("rollout_step: %s is not in flight in this rollout (journal: %s)"
+                                                % (node, mine.get("status") or "not started"))
+                    if not mine.get("draining") and not mine.get("drained"):
+                        result["why"] = "its install was admitted before"
+                        return result
+                    if mine.get("draining"):
+                        rollout_journal.append_in_lock(directory, {"event": "drained", "node": node,
+                                                                   "run_id": args["run_id"], "time": time.time()})
+                        journal = rollout_journal.read(directory)
+                    stamp = os.stat(os.path.join(directory, rollout_journal.JOURNAL)).st_mtime_ns
+                    seen = stamp
+                    nodes = rollout_journal.fleet_state(plan, journal)
+                    decision = rollout_budget.decide(nodes, options)
+                    if node in decision["install"]:
+                        rollout_journal.append_in_lock(directory, {"event": "installing", "node": node,
+                                                                   "run_id": args["run_id"], "time": time.time()})
+                        stage = next(n for n in nodes if n["name"] == node)
+                        result["why"] = "the %s stage of class %s is open" % (
+                            decision["stages"].get(stage["class"], stage["stage"]), stage["class"])
+                        return result
+                    if decision["action"] == "stop":
+                        result.update({"admitted": False, "released": True, "stop": decision["stop"],
+                                       "why": "the rollout stopped before its install: %s"
+                                       % (decision["stop"] or {}).get("reason")})
                         return result
             time.sleep(args["poll_s"])

@@ -23,7 +23,13 @@ description:
   - V(choose) returns the next step's hosts, nodes in flight first, at most O(step_hosts).
   - V(admit) waits until O(node) may start within its class's budget and stage (re-deciding each time the
     journal changes), then journals it as started; it returns V(false) for C(admitted) when the rollout
-    stopped or is done, or when no slot can free up in this step.
+    stopped or is done, or when no slot can free up in this step. With the C(drain_ahead) option (the
+    default) a node may start (drain) whatever its stage, within its class's capacity budget.
+  - V(install) is the second admission, after the node's drain (with C(drain_ahead)). It journals the node
+    drained and waits until its stage is open and its class's window has room, then journals it as
+    installing. When the rollout stops first it returns C(admitted) V(false) and C(released) V(true), and the
+    node goes back to service untouched.
+  - V(released) journals O(node) as back in service untouched (not started in this rollout).
   - V(plan) also refuses to start while another rollout with a report directory beside O(report_dir) runs on any of
     the same nodes (its run on this controller is alive, or another controller wrote it within
     O(concurrent_stale_s)), unless O(allow_concurrent). Across controllers that share no report directory, the
@@ -38,7 +44,7 @@ options:
     description: What to do.
     type: str
     required: true
-    choices: [plan, choose, admit, unfinished]
+    choices: [plan, choose, admit, install, released, unfinished]
   report_dir:
     description: The rollout's report directory on the controller (one per rollout id).
     type: path
@@ -52,7 +58,8 @@ options:
   options:
     description:
       - Budget options, C({max_unavailable, max_unavailable_domain, failure_budget, signature_limit,
-        background_failure_rate, signature_alpha, window_initial, window_growth}); values may be text.
+        background_failure_rate, signature_alpha, window_initial, window_growth, canary_quorum, drain_ahead,
+        contract_changes, contract_accept}); values may be text.
     type: dict
     default: {}
   class_prefix:
@@ -91,6 +98,18 @@ options:
     description: For O(state=admit), seconds between two looks at the journal.
     type: float
     default: 2.0
+  squeue:
+    description:
+      - For O(state=choose), the output of C(squeue --noheader --states=RUNNING,COMPLETING --format=%N|%L) on each Slurm
+        controller of the rollout's nodes. Wave nodes whose jobs have the most time left start first (longest drain
+        first); the estimates are kept beside the journal for O(state=admit).
+    type: list
+    elements: str
+    default: []
+  slurm_names:
+    description: For O(state=choose), the Slurm node name of each inventory host (null for the host's short name).
+    type: dict
+    default: {}
   allow_concurrent:
     description: For O(state=plan), start even while another rollout runs on some of the same nodes.
     type: bool
@@ -120,6 +139,15 @@ EXAMPLES = r"""
     report_dir: gpufleet-reports/rollout/driver-ltsb
     stages: {golden: [gpu-h100-01], canary: [gpu-h100-02], waves: [gpu-h100-03, gpu-a100-01]}
     options: {max_unavailable: "10%", failure_budget: "1%"}
+
+- name: Wait for the install admission after the drain
+  gpufleet.nvidia.rollout_step:
+    state: install
+    report_dir: gpufleet-reports/rollout/driver-ltsb
+    options: {max_unavailable: "10%"}
+    node: "{{ inventory_hostname }}"
+    run_id: "{{ run_id }}"
+  register: install_admission
 
 - name: Choose the hosts of the next step
   gpufleet.nvidia.rollout_step:
@@ -160,16 +188,28 @@ hosts:
   returned: when O(state=choose)
   type: list
   elements: str
+limit:
+  description: The most hosts a step takes (O(step_hosts), or the controller's forks).
+  returned: when O(state=choose)
+  type: int
+drain_estimates:
+  description: Nodes whose drain estimate this step read from O(squeue).
+  returned: when O(state=choose)
+  type: int
 stop:
   description: C({code, reason, nodes}) when the rollout stopped.
   returned: when O(state) is V(choose) or V(admit)
   type: dict
 admitted:
-  description: Whether the node may start (or resume) its transaction now.
-  returned: when O(state=admit)
+  description: Whether the node may start (or resume) its transaction now (V(admit)), or begin its install (V(install)).
+  returned: when O(state) is V(admit) or V(install)
+  type: bool
+released:
+  description: The rollout stopped before the node's install; the node is to go back to service untouched.
+  returned: when O(state=install)
   type: bool
 why:
   description: The reason for C(admitted).
-  returned: when O(state=admit), not in check mode
+  returned: when O(state) is V(admit) or V(install), not in check mode
   type: str
 """

@@ -17,11 +17,16 @@ controller killed anywhere leaves every line it wrote whole:
 * ``{"event": "held", "node", "time", "contract_changes"?}`` — the node's transaction ended but
   it is still soaking: it stays in flight. A golden node's ``held`` and ``finished`` events carry
   its contract changes (``contract_decision.classify``), which decide its class's canary stage;
-* ``{"event": "draining", "node", "time"}`` and ``{"event": "drained", "node", "time"}`` — the
-  node's drain was requested, and it completed: between the two the node is in flight and
-  ``draining`` (it keeps its slot and holds no stage open, ``rollout_budget.stage_gates``). A
-  node whose journal has neither is not taken as draining: without word of its drain, an in-flight
-  golden or canary node holds its stage open.
+* ``{"event": "started", ..., "draining": true}`` (with ``drain_ahead``), or ``{"event":
+  "draining", "node", "time"}``: the node's drain was requested; ``{"event": "drained", "node",
+  "time"}``: it completed and the node waits for its install admission; ``{"event": "installing",
+  "node", "time"}``: its install was admitted (``rollout_budget.phase``). A draining node keeps its
+  slot, and a draining canary node holds no stage open (``rollout_budget.stage_gates``). A node
+  whose journal says nothing of its drain is taken as installing: it holds its stage open and
+  counts in its class's window.
+* ``{"event": "released", "node", "time", "run_id"}`` — the rollout stopped before the node's
+  install and the node is back in service untouched: it is not started (a later run of the
+  rollout may start it again).
 * ``{"event": "pending", "node", "time", "run_id"}`` — the node's driver is staged and its
   scheduler reboots it when its jobs end (``node_upgrade_drain: slurm_reboot``): it stays in
   flight, holding its slot, and a later step verifies it; ``{"event": "resumed", "node", "time",
@@ -76,7 +81,7 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
         only the last line of a killed writer can be cut, and it said nothing yet).
     :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
         "finished_at", "result", "changed", "signature", "implicates_driver", "target",
-        "run_id", "draining"?, "pending"?, "contract_changes"?}}``; nodes the journal never named are absent (not started);
+        "run_id", "draining"?, "drained"?, "pending"?, "contract_changes"?}}``; nodes the journal never named are absent (not started);
         ``pending`` is true for a node in flight that waits for its scheduler's reboot.
     """
     state = {}  # type: Dict[str, Dict[str, Any]]
@@ -92,17 +97,25 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
         if kind == "started":
             node.clear()
             node.update({"status": "in_flight", "started_at": event.get("time"), "run_id": event.get("run_id")})
+            if event.get("draining") is True:
+                node["draining"] = True
+        elif kind == "released":
+            # Back in service untouched (the rollout stopped before its install): not started.
+            state.pop(event["node"], None)
         elif kind == "held":
             node["status"] = "in_flight"
             node.pop("draining", None)
+            node.pop("drained", None)
             if "contract_changes" in event:
                 # Kept as written (even corrupt): contract_decision.checked_changes reads it, fail closed.
                 node["contract_changes"] = event["contract_changes"]
-        elif kind in ("draining", "drained") and node.get("status") == "in_flight":
+        elif kind in ("draining", "drained", "installing") and node.get("status") == "in_flight":
             node["draining"] = kind == "draining"
+            node["drained"] = kind == "drained"
         elif kind == "pending":
             node.update({"status": "in_flight", "pending": True})
             node.pop("draining", None)
+            node.pop("drained", None)
         elif kind == "resumed":
             node.pop("pending", None)
         elif kind == "finished" and event.get("status") in ("done", "failed", "refused"):
@@ -113,6 +126,7 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
                 # Kept as written (even corrupt): contract_decision.checked_changes reads it, fail closed.
                 node["contract_changes"] = event["contract_changes"]
             node.pop("draining", None)
+            node.pop("drained", None)
             node.pop("pending", None)
             node["finished_at"] = event.get("time")
     return state
@@ -133,7 +147,7 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
     :param plan: ``plan.json`` (``nodes``: ``[{"name", "stage", "class", "domain"}]``).
     :param journal: :func:`read`.
     :returns: ``[{"name", "stage", "class", "domain", "status", "signature"?,
-        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?, "contract_changes"?}]``.
+        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?, "drained"?, "contract_changes"?}]``.
     """
     nodes = []
     for node in plan.get("nodes") or []:
@@ -141,7 +155,7 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
         row = dict(node)
         row["status"] = state.get("status") or "pending"
         for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service",
-                    "draining"):
+                    "draining", "drained"):
             if state.get(key) is not None:
                 row[key] = state[key]
         if "contract_changes" in state:

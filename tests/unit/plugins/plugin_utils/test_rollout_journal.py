@@ -64,14 +64,18 @@ def test_plan_nodes_and_choice_resume_first(tmp_path):
     plan = {"nodes": nodes}
     journal = {"g": {"status": "done", "changed": True}, "c": {"status": "in_flight"}}
     state = rollout_journal.fleet_state(plan, journal)
-    decision, hosts = rollout_step.choose_hosts(state, rollout_budget.normalize_options({}), 4)
+    one = rollout_budget.normalize_options({"drain_ahead": False})
+    decision, hosts = rollout_step.choose_hosts(state, one, 4)
     # The canary in flight resumes; the H100 waves wait for it, and so does x1: its class has no
     # canary of its own and follows the fleet's. They join the step and wait there for their slot.
     assert hosts == ["c", "x1", "w1", "w2"]
     assert decision["action"] == "wait" and decision["stages"] == {"gpu_h100": "canary", "gpu_a100": "canary"}
+    # Draining ahead (the default), x1 may drain now: its class's budget has room, and its install
+    # waits for the waves.
+    decision, hosts = rollout_step.choose_hosts(state, rollout_budget.normalize_options({}), 4)
+    assert decision["start"] == ["x1"] and decision["install"] == [] and hosts == ["c", "x1", "w1", "w2"]
     journal["c"] = {"status": "done", "changed": True}
-    decision, hosts = rollout_step.choose_hosts(rollout_journal.fleet_state(plan, journal),
-                                                rollout_budget.normalize_options({}), 4)
+    decision, hosts = rollout_step.choose_hosts(rollout_journal.fleet_state(plan, journal), one, 4)
     # One H100 slot now (10 % of 5, at least 1), and the step takes the next H100 wave nodes to fill
     # the slots that free up while it runs.
     assert decision["start"] == ["w1", "x1"] and hosts == ["w1", "x1", "w2", "w3"]
@@ -165,3 +169,28 @@ def test_a_pending_record_is_journalled_as_pending():
 
     event = _journal_event({"node": "n1", "result": "pending", "run_id": "r1"}, False, 5.0)
     assert event == {"event": "pending", "node": "n1", "run_id": "r1", "time": 5.0}
+
+
+def test_drain_and_install_events_and_release():
+    lines = [json.dumps(e) for e in (
+        {"event": "started", "node": "a", "run_id": "r1", "time": 1.0, "draining": True},
+        {"event": "started", "node": "b", "run_id": "r1", "time": 1.0, "draining": True},
+        {"event": "started", "node": "c", "run_id": "r1", "time": 1.0},               # an older run: no drain word
+        {"event": "drained", "node": "a", "time": 2.0},
+        {"event": "drained", "node": "b", "time": 2.0},
+        {"event": "installing", "node": "b", "time": 3.0},
+        {"event": "released", "node": "a", "time": 4.0, "run_id": "r1"},
+        {"event": "drained", "node": "d", "time": 4.0},                                # never started: ignored
+    )]
+    state = rollout_journal.fold_lines(lines)
+    assert "a" not in state and "status" not in state.get("d", {})
+    assert rollout_budget.phase(dict(state["b"], status="in_flight")) == "installing"
+    assert rollout_budget.phase(state["c"]) == "installing"
+    plan = {"nodes": [{"name": n, "stage": "waves", "class": "gpu_h100", "domain": None} for n in "abc"]}
+    nodes = rollout_journal.fleet_state(plan, state)
+    assert [(n["name"], n["status"], rollout_budget.phase(n)) for n in nodes] == [
+        ("a", "pending", None), ("b", "in_flight", "installing"), ("c", "in_flight", "installing")]
+    # Released, then started again by a later run: in flight and draining once more.
+    again = rollout_journal.fold_lines(lines + [json.dumps({"event": "started", "node": "a", "run_id": "r2",
+                                                            "time": 5.0, "draining": True})])
+    assert again["a"]["status"] == "in_flight" and rollout_budget.phase(again["a"]) == "draining"

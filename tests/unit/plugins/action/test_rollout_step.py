@@ -1,0 +1,104 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The rollout_step action's second admission (state=install) and release, run by ansible-playbook."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from ansible_collections.gpufleet.nvidia.plugins.action import rollout_step
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal
+
+NODES = [{"name": "g1", "stage": "golden", "class": "gpu_h100", "domain": None},
+         {"name": "c1", "stage": "canary", "class": "gpu_h100", "domain": None},
+         {"name": "w1", "stage": "waves", "class": "gpu_h100", "domain": None}]
+
+
+def run_playbook(tmp_path, tasks):
+    playbook = tmp_path / "pb.yml"
+    playbook.write_text("- name: Step\n  hosts: localhost\n  gather_facts: false\n  tasks:\n" + tasks)
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = proc.stdout.split("RESULT ", 1)[1].split("\n")[0].rstrip('"').replace('\\"', '"')
+    return json.loads(line)
+
+
+def admission(name, node):
+    return ("    - name: Install admission of %s\n"
+            "      gpufleet.nvidia.rollout_step:\n"
+            "        state: install\n"
+            "        report_dir: rep\n"
+            "        options: {max_unavailable: '3', drain_ahead: 'true'}\n"
+            "        node: %s\n"
+            "        run_id: r1\n"
+            "        poll_s: 0.1\n"
+            "      register: %s\n") % (node, node, name)
+
+
+def test_install_admission_and_release_at_a_stop(tmp_path):
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "plan.json").write_text(json.dumps({"rollout_id": "t", "nodes": NODES}))
+    for node in ("g1", "c1", "w1"):
+        rollout_journal.append(str(rep), {"event": "started", "node": node, "run_id": "r1", "time": 1.0,
+                                          "draining": True})
+    # The golden node, drained, is admitted at once; the canary and wave nodes wait for it.
+    result = run_playbook(tmp_path, admission("golden", "g1")
+                          + "    - name: Show\n      ansible.builtin.debug:\n"
+                            "        msg: \"RESULT {{ golden | to_json }}\"\n")
+    assert result["admitted"] is True and result["released"] is False
+    assert result["why"] == "the golden stage of class gpu_h100 is open"
+    state = rollout_journal.read(str(rep))
+    assert state["g1"]["draining"] is False and state["g1"]["drained"] is False     # installing
+    assert state["c1"]["draining"] is True
+    # Asked again (a resumed transaction), it is admitted without a new decision.
+    again = run_playbook(tmp_path, admission("golden", "g1")
+                         + "    - name: Show\n      ansible.builtin.debug:\n"
+                           "        msg: \"RESULT {{ golden | to_json }}\"\n")
+    assert again["admitted"] is True and again["why"] == "its install was admitted before"
+    # The golden node fails after its install: the stop releases the canary node untouched.
+    rollout_journal.append(str(rep), {"event": "finished", "node": "g1", "status": "failed", "result": "rolled_back",
+                                      "signature": "xid 79", "implicates_driver": True, "time": 2.0})
+    result = run_playbook(tmp_path, admission("canary", "c1")
+                          + "    - name: Released\n"
+                            "      gpufleet.nvidia.rollout_step:\n"
+                            "        state: released\n"
+                            "        report_dir: rep\n"
+                            "        node: c1\n"
+                            "        run_id: r1\n"
+                            "    - name: Show\n      ansible.builtin.debug:\n"
+                            "        msg: \"RESULT {{ canary | to_json }}\"\n")
+    assert result["admitted"] is False and result["released"] is True
+    assert result["stop"]["code"] == "stage_failure"
+    assert result["why"] == "the rollout stopped before its install: golden node g1 failed: xid 79"
+    state = rollout_journal.read(str(rep))
+    assert "c1" not in state and state["w1"]["status"] == "in_flight" and state["g1"]["status"] == "failed"
+    lines = [json.loads(line) for line in (rep / "journal.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in lines if e["node"] == "c1"] == ["started", "drained", "released"]
+
+
+def test_drain_estimates_from_squeue_order_the_waves_longest_first(tmp_path):
+    names = {"w1": None, "w2": "gpu-w2", "w3": None, "g1": None}
+    outputs = ["w1|10:00\ngpu-w2|3:00:00\n", "w3|UNLIMITED\n"]
+    ends = rollout_step.drain_ends(outputs, names, 1000.0)
+    assert ends == {"w1": 1600.0, "w2": 11800.0}
+    rollout_step.write_estimates(str(tmp_path), ends)
+    assert rollout_step.read_estimates(str(tmp_path)) == ends
+    (tmp_path / rollout_step.ESTIMATES).write_text('{"ends": {"w1": "soon", "w2": 5.0, "w3": true}}')
+    assert rollout_step.read_estimates(str(tmp_path)) == {"w2": 5.0}
+    (tmp_path / rollout_step.ESTIMATES).write_text("[1, 2")
+    assert rollout_step.read_estimates(str(tmp_path)) == {}
+    nodes = [{"name": "g1", "stage": "golden", "class": "gpu_h100", "status": "pending"}] + [
+        {"name": "w%d" % i, "stage": "waves", "class": "gpu_h100", "status": "pending"} for i in (1, 2, 3)]
+    nodes = rollout_step.with_estimates(nodes, ends, 1600.0)
+    assert [n.get("drain_estimate_s") for n in nodes] == [None, 0.0, 10200.0, None]
+    order = [n["name"] for n in rollout_budget.start_order(nodes)]
+    assert order == ["g1", "w2", "w1", "w3"]
