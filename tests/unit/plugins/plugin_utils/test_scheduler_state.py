@@ -5,12 +5,18 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.scheduler_state import (
+    MAX_HOSTLIST,
     drain_state,
     drained_by_others,
+    expand_hostlist,
     parse_slurm_show_node,
+    slurm_drain_estimates,
+    slurm_time_s,
 )
 
 # Shaped as Slurm 22.05's scontrol show node -o (fields abridged; Reason last, with spaces).
@@ -69,3 +75,42 @@ def test_drain_state_per_backend_and_who_drained():
 def test_slurm_reboot_reads_the_node_as_slurm_does():
     assert drain_state("slurm_reboot", DRAINING) == dict(drain_state("slurm", DRAINING), backend="slurm_reboot")
     assert drain_state("slurm_reboot", DRAINING)["draining"] is True
+
+
+@pytest.mark.parametrize("text, names", [
+    ("node01", ["node01"]),
+    ("gpu[01-03,07],login1", ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]),
+    ("gpu[08-10]", ["gpu08", "gpu09", "gpu10"]),
+    ("r[1-2]n[8-9]", ["r1n8", "r1n9", "r2n8", "r2n9"]),
+    ("a,b[2],c", ["a", "b2", "c"]),
+    ("", []),
+])
+def test_expand_hostlist(text, names):
+    assert expand_hostlist(text) == names
+
+
+@pytest.mark.parametrize("text, words", [
+    ("gpu[01-03", "unbalanced ["), ("gpu01]", "unbalanced ]"), ("gpu[3-1]", "bad range"),
+    ("gpu[a-b]", "bad range"), ("gpu[0-%d]" % MAX_HOSTLIST, "names more than"),
+])
+def test_expand_hostlist_refuses_what_slurm_does_not_write(text, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        expand_hostlist(text)
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("1-02:03:04", 93784.0), ("2:03:04", 7384.0), ("3:04", 184.0), ("45", 2700.0), ("1-02", 93600.0),
+    ("UNLIMITED", None), ("NOT_SET", None), ("INVALID", None), ("", None),
+])
+def test_slurm_time(text, seconds):
+    assert slurm_time_s(text) == seconds
+
+
+def test_drain_estimates_take_the_longest_job_and_skip_unlimited_ones():
+    text = ("node[01-02]|1:00:00\n"      # one job on two nodes
+            "node02|2:00:00\n"           # a longer one on node02
+            "node03|UNLIMITED\n"         # no limit: its drain cannot be estimated
+            "node03|5:00\n"
+            "node[04|1:00\n"             # not a hostlist: skipped
+            "garbage\n")
+    assert slurm_drain_estimates(text) == {"node01": 3600.0, "node02": 7200.0}
