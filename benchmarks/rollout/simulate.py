@@ -6,7 +6,10 @@ Usage (from the repository root, with the project's virtualenv Python; no fleet,
 
 The ``default`` policy is this collection's: the same ``plugin_utils.rollout_budget.decide`` the
 ``rollout_step`` action calls in ``playbooks/rollout.yml``, with its defaults, over virtual
-nodes. The others are reproduced from their documented behaviour:
+nodes. ``default_inventory_order`` is the same without the scheduler's drain estimates (wave nodes
+in inventory order), ``default_one_admission`` the same with ``drain_ahead`` off as well (a node
+starts only when its stage is open and the window has room, and installs after its drain at
+once). The others are reproduced from their documented behaviour:
 
 * ``previous``: this collection's earlier defaults: golden ``serial: 1``, canary ``[1, "100%"]``,
   waves ``[1, "5%", "25%", "100%"]`` (cut as ansible-core cuts them, ``plugin_utils.schedule``),
@@ -27,6 +30,11 @@ failures strike any node at any time at the Llama 3 405B rate (419 interruptions
 node struck in its transaction fails its verification (the rollout cannot tell it from the
 driver), a node struck outside one is out of service until repaired (log-normal, median 24 h).
 A bad driver fails a given fraction of nodes at verification with one signature (Xid 79, "GPU has fallen off the bus").
+Each node carries the scheduler's estimate of its drain (``drain_estimate_s``: the end time of its
+running jobs, from their time limit, of which a job uses 30 to 100 %). A node's install is a
+second step after its drain: policies without a second admission install at once; the
+``default`` policy waits for ``decide``'s ``install`` (``drain_ahead``), and on a stop releases
+what it drained ahead.
 
 Each scenario runs ``--runs`` seeds: no bad driver; a driver that breaks every node; a driver
 that breaks 2 % of nodes. ``--json`` prints one object: ``{"nodes", "runs", "policies": {name:
@@ -94,8 +102,10 @@ def _signature(rng):
 class Fleet(object):
     """Virtual nodes, their transaction times and the failures that will strike them."""
 
-    def __init__(self, size, seed, bad_fraction):
+    def __init__(self, size, seed, bad_fraction, estimates=True):
         rng = random.Random(seed)
+        # The scheduler's estimate of each drain, drawn apart so that the fleet is the same as without.
+        guess = random.Random(seed + 7919)
         self.rng = rng
         self.nodes = []
         for klass, share in CLASSES:
@@ -109,7 +119,12 @@ class Fleet(object):
                     "name": "%s-%05d" % (klass, index), "class": klass, "stage": stage, "status": "pending",
                     "drain_s": drain, "work_s": _lognormal(rng, 720.0, 0.3),
                     "bad": rng.random() < bad_fraction,
+                    # Slurm's end time of the node's running jobs comes from their time limit: a job
+                    # ends after 30 to 100 % of it, so the estimate is the drain or up to 3.3x longer.
+                    "drain_estimate_s": drain / guess.uniform(0.3, 1.0),
                 })
+                if not estimates:
+                    del self.nodes[-1]["drain_estimate_s"]
         # Order: golden, canary, waves; classes interleaved within a stage (inventory order).
         order = {"golden": 0, "canary": 1, "waves": 2}
         self.nodes.sort(key=lambda n: (order[n["stage"]], int(n["name"][-5:]), n["class"]))
@@ -137,6 +152,7 @@ class Run(object):
         self.seq = 0
         self.max_oos = {}
         self.started_waves = 0
+        self.drained_ahead = 0
         self.stopped = None
         self.unavailable = set()
         self.pending = [n["name"] for n in reversed(fleet.nodes)]   # next node last
@@ -154,17 +170,37 @@ class Run(object):
         heapq.heappush(self.events, (when, self.seq, kind, name))
 
     def start(self, name):
+        """The node's drain begins (it is out of service from now on)."""
         node = self.fleet.by_name[name]
         node["status"] = "in_flight"
         node["started_at"] = self.now
         node["struck"] = False
         node["draining"] = True
+        node["drained"] = False
         if node["stage"] == "waves":
-            self.started_waves += 1
+            self.drained_ahead += 1
         self._touch(node)
         self._schedule(self.now + node["drain_s"], "drained", name)
+
+    def install(self, name):
+        """The node's install begins: the new driver touches it (counted as upgraded)."""
+        node = self.fleet.by_name[name]
+        node["drained"] = False
+        if node.get("struck"):
+            self._fail(node, node["struck_signature"], {"started": node["started_at"], "drained": self.now})
+            return
+        if node["stage"] == "waves":
+            self.started_waves += 1
         soak = self.policy.node_soak_s(node["stage"])
-        self._schedule(self.now + node["drain_s"] + node["work_s"] + soak, "end", name)
+        self._schedule(self.now + node["work_s"] + soak, "end", name)
+
+    def release(self, name):
+        """The rollout stopped before the node's install: it returns to service untouched."""
+        node = self.fleet.by_name[name]
+        node["status"] = "pending"
+        node["draining"] = node["drained"] = False
+        node["released"] = True
+        self._touch(node)
 
     def _fail(self, node, signature, marks):
         """The node's transaction ends failed; its record goes through the report's own verdict."""
@@ -181,11 +217,17 @@ class Run(object):
         self._touch(node)
 
     def _drained(self, node):
-        """A node struck while it waited for its drain fails there, before its install began."""
+        """A node struck while it waited for its drain fails there, before its install began; the
+        others wait for their install admission, or install at once (policies without one)."""
+        if node["status"] != "in_flight" or not node.get("draining"):
+            return False        # released at a stop meanwhile
         node["draining"] = False
         if node.get("struck"):
             self._fail(node, node["struck_signature"], {"started": node["started_at"]})
             return True
+        node["drained"] = True
+        if not self.policy.admits_install():
+            self.install(node["name"])
         return False
 
     def _end(self, node):
@@ -249,16 +291,19 @@ class Run(object):
     def result(self):
         failed = len([n for n in self.fleet.nodes if n["status"] == "failed"])
         return {"completion_s": self.policy.done_at, "stopped": self.stopped, "failed": failed,
-                "waves_started": self.started_waves, "max_oos_pct": max(self.max_oos.values() or [0.0])}
+                "waves_started": self.started_waves, "waves_drained": self.drained_ahead, "max_oos_pct": max(self.max_oos.values() or [0.0])}
 
 
 class BudgetPolicy(object):
     """This collection's rollout: ``rollout_budget.decide`` at most once per POLL_S, on events."""
 
     name = "default"
+    estimates = True
 
-    def __init__(self, options=None, track=False):
+    def __init__(self, options=None, track=False, name=None, estimates=True):
         self.options = rollout_budget.normalize_options(options or {})
+        self.name = name or self.name
+        self.estimates = estimates
         self.track = track
         self.next_decision = 0.0
         self.done_at = None
@@ -280,6 +325,10 @@ class BudgetPolicy(object):
         """A golden or canary node soaks (and is checked again) before its transaction ends."""
         return SOAK_S if stage in ("golden", "canary") else 0.0
 
+    def admits_install(self):
+        """Whether a drained node waits for ``decide``'s install admission (``drain_ahead``)."""
+        return bool(self.options["drain_ahead"])
+
     def begin(self, run):
         run._schedule(0.0, "tick")
 
@@ -298,10 +347,14 @@ class BudgetPolicy(object):
         if decision["action"] == "stop":
             if run.stopped is None:
                 run.stopped = decision["stop"]["reason"]
-            return not decision["in_flight"]
+            for name in decision["release"]:
+                run.release(name)
+            return decision["in_flight"] == len(decision["release"])
         if decision["action"] == "done":
             self.done_at = run.now
             return True
+        for name in decision["install"]:
+            run.install(name)
         for name in decision["start"]:
             run.start(name)
         if decision["start"]:
@@ -393,6 +446,9 @@ class BatchPolicy(object):
     def node_soak_s(self, stage):
         return 0.0
 
+    def admits_install(self):
+        return False
+
     def begin(self, run):
         self.batches = []
         for stage_names, serial in self.stages:
@@ -457,6 +513,9 @@ class OperatorPolicy(object):
     def node_soak_s(self, stage):
         return 0.0
 
+    def admits_install(self):
+        return False
+
     def begin(self, run):
         run._schedule(0.0, "tick")
 
@@ -489,6 +548,10 @@ class OperatorPolicy(object):
 def policies():
     return [
         BudgetPolicy(),
+        # The defaults without the scheduler's drain estimates (inventory order), and with one
+        # admission per node (drain and install together): what each part of the defaults brings.
+        BudgetPolicy(name="default_inventory_order", estimates=False),
+        BudgetPolicy({"drain_ahead": False}, name="default_one_admission", estimates=False),
         BatchPolicy("previous", [(("golden",), 1), (("canary",), [1, "100%"]), (("waves",), [1, "5%", "25%", "100%"])],
                     True, {"golden": SOAK_S, "canary": SOAK_S, "waves": WAVE_SOAK_S}),
         OperatorPolicy(),
@@ -503,13 +566,15 @@ class _Done(object):
         self.fleet = fleet
 
 
-def stage_bound_h(fleet):
+def stage_bound_h(fleet, drain_ahead=True):
     """A lower bound on any staged rollout of this fleet, in hours, even one that knew every drain.
 
-    A class's wave node cannot start before its golden node and at least one of its canary nodes
-    have passed (their transaction and soak, one after the other), so the rollout cannot end before
-    ``golden + quickest canary + the wave node's own transaction`` for its slowest wave node.
-    Capacity, the window and failures are left out: the bound only grows with them.
+    A class's wave node cannot begin its install before its golden node and at least one of its
+    canary nodes have passed (their transaction and soak, one after the other), so the rollout
+    cannot end before ``max(golden + quickest canary, the wave node's drain) + its work`` for its
+    slowest wave node when drains may begin ahead of the stages (``drain_ahead``), or
+    ``golden + quickest canary + the wave node's own transaction`` when they may not. Capacity,
+    the window and failures are left out: the bound only grows with them.
     """
     first = {}
     for stage in ("golden", "canary"):
@@ -522,15 +587,18 @@ def stage_bound_h(fleet):
     for node in fleet.nodes:
         if node["stage"] == "waves":
             gates = first.get((node["class"], "golden"), 0.0) + first.get((node["class"], "canary"), 0.0)
-            bound = max(bound, gates + node["drain_s"] + node["work_s"])
+            if drain_ahead:
+                bound = max(bound, max(gates, node["drain_s"]) + node["work_s"])
+            else:
+                bound = max(bound, gates + node["drain_s"] + node["work_s"])
     return bound / 3600.0
 
 
 def _one(args):
     index, size, seed, bad = args
     policy = policies()[index]
-    fleet = Fleet(size, seed, bad)
-    bound = stage_bound_h(fleet)
+    fleet = Fleet(size, seed, bad, getattr(policy, "estimates", False))
+    bound = stage_bound_h(fleet, policy.admits_install())
     return index, bad, fleet.mean_transaction_s(), fleet.class_sizes(), dict(Run(fleet, policy).go(), bound_h=bound)
 
 
@@ -581,12 +649,16 @@ def simulate(size, runs, processes, names=None):
             "false_stops": len([r for r in clean if r[4]["stopped"]]),
             "false_stop_reasons": sorted(set(r[4]["stopped"] for r in clean if r[4]["stopped"])),
             "bad_all_wave_nodes_touched": max(r[4]["waves_started"] for r in mine if r[1] == 1.0),
+            # Wave nodes whose drain began before the stop, installed or not (drained ahead of their
+            # stage and released untouched when the rollout stopped).
+            "bad_all_wave_nodes_drained": max(r[4]["waves_drained"] for r in mine if r[1] == 1.0),
             "bad_2pct_failed_total": max(r[4]["failed"] for r in mine if r[1] == 0.02),
             "bad_2pct_stopped_runs": len([r for r in mine if r[1] == 0.02 and r[4]["stopped"]]),
             "clean_failed_median": statistics.median(r[4]["failed"] for r in clean),
         }
-        if policy.name == "default":
-            # What stage order alone costs: even a schedule that knew every drain needs this much.
+        if isinstance(policy, BudgetPolicy):
+            # What stage order alone costs: even a schedule that knew every drain needs this much
+            # (drains ahead of the stages allowed).
             out[policy.name]["stage_bound_over_floor"] = round(
                 statistics.median(r[4]["bound_h"] for r in clean) / floor, 2)
     return {"nodes": size, "runs": runs, "classes": dict(CLASSES), "mean_transaction_min": round(mean_s / 60.0, 1),
@@ -608,7 +680,7 @@ def main(argv=None):
         fleet = Fleet(args.nodes, args.breakdown, 0.0)
         done = Run(fleet, policy).go()
         print(json.dumps({"completion_h": round(done["completion_s"] / 3600.0, 2),
-                          "stage_bound_h": round(stage_bound_h(fleet), 2),
+                          "stage_bound_h": round(stage_bound_h(fleet, policy.admits_install()), 2),
                           "classes": policy.breakdown(_Done(fleet))},
                          indent=1, sort_keys=True))
         return 0
