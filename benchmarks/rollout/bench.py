@@ -14,8 +14,8 @@ Usage (as root, from the repository root, with the project's virtualenv Python):
    driver role (timed apart), then ``playbooks/rollout.yml -e driver_branch=ltsb`` runs with one
    golden node, two canaries, the default waves and no soak time. The controller's wall time and
    CPU time (``ansible-playbook`` and every process it forked, from ``os.wait4``) are divided by
-   the number of nodes; the per-node phase durations come from the rollout report. The fleet is
-   taken down afterwards.
+   the number of nodes; the per-node phase durations come from the rollout report, the tasks per
+   node from the run's log (:func:`tasks_per_node`). The fleet is taken down afterwards.
 
 Writes the results as JSON (default ``benchmarks/rollout/results.json``) and prints them.
 """
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -79,6 +80,26 @@ def schedule_table():
     return rows
 
 
+#: A task's result line for one host in the default callback's output ("ok: [node01]",
+#: "skipping: [node02]", "changed: [node03 -> localhost]"); a loop's item lines are not counted.
+RESULT_LINE = re.compile(r"^(ok|changed|skipping|failed|fatal|included|unreachable): \[(node\d+)[\] ]")
+
+
+def tasks_per_node(log):
+    """Task results per node in an ``ansible-playbook`` log: ``{node: count}`` (I/O: reads the log).
+
+    Counts the default callback's one result line per host and task (skipped and included tasks
+    too, loop items not), the number Ansible's per-task cost multiplies.
+    """
+    counts = {}
+    with open(log, "r", encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            match = RESULT_LINE.match(line)
+            if match and "(item=" not in line:
+                counts[match.group(2)] = counts.get(match.group(2), 0) + 1
+    return counts
+
+
 def run(argv, env, cwd=None, log=None):
     start = time.perf_counter()
     with open(log or os.devnull, "w") as out:
@@ -126,6 +147,7 @@ def real_rollout(nodes, ports, workdir):
             if values:
                 phases[phase] = round(statistics.median(values), 1)
         batches = [len(stage["hosts"]) for stage in report["stages"]]
+        tasks = tasks_per_node(os.path.join(workdir, "rollout.log"))
         return {
             "nodes": nodes,
             "status": report["status"],
@@ -135,6 +157,9 @@ def real_rollout(nodes, ports, workdir):
             "rollout_controller_cpu_s": round(cpu, 1),
             "wall_s_per_node": round(wall / nodes, 2),
             "controller_cpu_s_per_node": round(cpu / nodes, 2),
+            "tasks_per_node_median": statistics.median(tasks.values()) if tasks else None,
+            "tasks_per_node_max": max(tasks.values()) if tasks else None,
+            "controller_cpu_s_per_task": round(cpu / sum(tasks.values()), 3) if tasks else None,
             "node_transaction_median_s": round(statistics.median(totals), 1) if totals else None,
             "node_phase_median_s": phases,
             "stage_hosts": batches,
