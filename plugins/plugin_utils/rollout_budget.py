@@ -516,6 +516,9 @@ def stage_gates(nodes: Sequence[Mapping[str, Any]], quorum: Optional[Tuple[str, 
             row[1] += 1 if node.get("status") == "done" else 0
     passed = set(klass for klass, (size, done) in pool.items()
                  if quorum is not None and done >= amount_of(quorum, size))
+    # A canary node still draining is left out of its pool only once one of the pool has passed:
+    # a pool none of whose nodes has passed proves nothing yet.
+    proven = set(klass for klass, (_size, done) in pool.items() if done > 0)
     for node in nodes:
         klass = node["class"]
         stage = node.get("stage")
@@ -531,10 +534,11 @@ def stage_gates(nodes: Sequence[Mapping[str, Any]], quorum: Optional[Tuple[str, 
         if stage == "canary" and klass in passed:
             continue
         # A golden node in flight holds its stage whatever it is doing: nothing after it installs
-        # before it has passed. A canary node still draining does not (the quorum's "left out").
+        # before it has passed. A canary node still draining does not, once a node of its pool has
+        # passed (the quorum's "left out").
         if stage in ("golden", "canary") and (
                 (status == "pending" and not node.get("out_of_service"))
-                or (status == "in_flight" and (stage == "golden" or not node.get("draining")))):
+                or (status == "in_flight" and (stage == "golden" or not node.get("draining") or klass not in proven))):
             open_stages.setdefault(klass, set()).add(stage)
     fleet_open = set()
     for klass, stages in open_stages.items():

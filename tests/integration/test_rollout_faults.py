@@ -51,8 +51,11 @@ def stage_vars(node, stage):
     in one class (its one slot) with a failure budget of 0, each wave node soaking after its upgrade."""
     golden = node if stage == "golden" else "none"
     canary = node if stage == "canary" else "none"
+    # The sentinel is a wave node of every rollout at once (allowed concurrent): drained ahead,
+    # one rollout would lock it and the others be refused there. One admission keeps it unreached;
+    # a stop's release of the nodes drained ahead is tested in test_rollout_scale.py.
     out = ["-e", "rollout_golden_group=%s" % golden, "-e", "rollout_canary_group=%s" % canary,
-           "-e", "rollout_soak_s=%d" % SOAK_S]
+           "-e", "rollout_soak_s=%d" % SOAK_S, "-e", "rollout_drain_ahead=false"]
     if stage == "wave":
         out += ["-e", "rollout_wave_soak_s=%d" % SOAK_S, "-e", "rollout_class_prefix=none_",
                 "-e", "rollout_failure_budget=0"]

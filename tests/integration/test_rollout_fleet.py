@@ -504,21 +504,28 @@ def test_five_fault_kinds_at_golden_in_the_canary_pool_and_in_a_wave(rollouts):
     fleet.fault("node05", "gpu_lost", gpu="2")
     fleet.fault("node01", "version_mismatch")
     fleet.fault("node02", "reboot_hang")
+    # node04 is a wave node of all five rollouts at once: drained ahead, one rollout would lock it
+    # and the others be refused there, so these run with one admission per node (a stop's release
+    # of the nodes drained ahead: test_rollout_scale.py).
+    one = ("-e", "rollout_drain_ahead=false")
     procs = [
         # Wave, one class for both nodes and zero tolerance: node03 fails to build the module; node04,
         # waiting for the class's only slot, never starts.
         rollouts.rollout("f-wave", "node03:node04", "-e", "rollout_class_prefix=none_",
-                         "-e", "rollout_failure_budget=0", start=True, concurrent=True)[0],
+                         "-e", "rollout_failure_budget=0", *one, start=True, concurrent=True)[0],
         # Golden: a GPU falls off the bus at the reboot.
-        rollouts.rollout("f-golden", "node05:node04", "-e", "rollout_golden_group=golden_b", start=True, concurrent=True)[0],
+        rollouts.rollout("f-golden", "node05:node04", "-e", "rollout_golden_group=golden_b", *one, start=True,
+                         concurrent=True)[0],
         # Canary: golden node06 passes; a fatal Xid storm hits canary node07 during its soak.
         rollouts.rollout("f-canary", "node06:node07:node04", "-e", "rollout_golden_group=golden_c",
-                         "-e", "rollout_canary_group=canary_c", "-e", "rollout_soak_s=40", start=True, concurrent=True)[0],
+                         "-e", "rollout_canary_group=canary_c", "-e", "rollout_soak_s=40", *one, start=True,
+                         concurrent=True)[0],
         # Golden node01 (on 620.82.01, going to 620.70.06): the module loaded after the reboot is not the one
         # installed. Golden node02: its reboot never comes back.
-        rollouts.rollout("f-mismatch", "node01:node04", "-e", "driver_version=620.70.06", start=True, concurrent=True)[0],
+        rollouts.rollout("f-mismatch", "node01:node04", "-e", "driver_version=620.70.06", *one, start=True,
+                         concurrent=True)[0],
         rollouts.rollout("f-hang", "node02:node04", "-e", "driver_version=620.70.06",
-                         "-e", "rollout_golden_group=gpufleet_canary", "-e", "rollout_canary_group=none",
+                         "-e", "rollout_golden_group=gpufleet_canary", "-e", "rollout_canary_group=none", *one,
                          start=True, concurrent=True)[0],
     ]
     wait_for(lambda: (rollouts.record("f-canary", "node07") or {}).get("result") == "upgraded", 1200,

@@ -7,6 +7,7 @@ Sixteen nodes (8 H100, 4 A100, 4 L40S), every node first on the baseline 580.126
 
 * a rollout to ``driver_branch: ltsb`` with at most 2 nodes of a class out of service at once:
   node09 (a wave H100) loses a GPU at its reboot, node05's drain waits 60 s for a "job". The
+  canary node02 drains beside the golden node01 and installs only once node01 has passed. The
   journal is sampled during the run: no class ever has more than 2 nodes in a transaction or
   quarantined. The controller is killed while node05 still drains and started again: nothing is
   started twice and node05 resumes. node09 is quarantined (back on its last known-good driver,
@@ -15,6 +16,9 @@ Sixteen nodes (8 H100, 4 A100, 4 L40S), every node first on the baseline 580.126
 * a second rollout on the H100 class to 620.70.06: two wave nodes lose a GPU at their reboot, the
   same signature (Xid 79) twice early on: "driver implicated", the rollout stops and the last two
   wave nodes are not touched.
+* a third rollout whose golden node01 loses a GPU while the canary node02 and two wave nodes,
+  drained ahead (a budget of 4), wait for their install admission: the stop releases them, back
+  in service, untouched, with no record.
 """
 
 from __future__ import annotations
@@ -134,6 +138,15 @@ def test_budget_quarantine_kill_and_slow_drain(scale):
         if node != LOST:
             assert_on(rollouts, node, "620.82.01")
             assert not rollouts.drained(node), node
+    # Two admissions (drain_ahead): the canary node02 was drained while the golden node01 was in
+    # its transaction, and its install was admitted only once node01 had passed.
+    first_time = {}
+    for event in events:
+        if "node" in event:
+            first_time.setdefault((event["event"], event["node"]), event["time"])
+    assert first_time[("started", "node02")] < first_time[("finished", "node01")] \
+        < first_time[("installing", "node02")], first_time
+    assert ("drained", "node02") in first_time
     # The slow drain held only its own slot: H100 wave nodes after it finished before it did.
     finished = dict((e["node"], e["time"]) for e in events if e["event"] == "finished")
     later = [n for n in H100[H100.index(SLOW) + 1:] if n != LOST]
@@ -164,3 +177,28 @@ def test_two_failures_with_one_signature_stop_the_rollout(scale):
         assert rollouts.state(node) == untouched[node]
     assert "Status: **stopped**: driver implicated" in open(
         os.path.join(rollouts.report_dir("bad"), "rollout-report.md")).read()
+
+
+def test_a_stop_releases_the_nodes_drained_ahead_untouched(scale):
+    """Golden node01 loses a GPU at its reboot while the canary node02 and the wave nodes node13 and
+    node16 (a budget of 4: all four at once) wait, drained, for their install admission."""
+    rollouts = scale
+    rollouts.fleet.fault("node01", "gpu_lost", gpu="0")
+    waiting = ["node02", "node13", "node16"]
+    before = dict((node, rollouts.state(node)) for node in waiting)
+    code, out = rollouts.rollout("release", "node01:node02:node13:node16", "-e", "driver_version=580.126.20",
+                                 "-e", "rollout_max_unavailable=4", "-f", "8")
+    assert code == 2, out[-4000:]
+    report = rollouts.report("release")
+    assert report["status"] == "stopped" and report["stop_reason"].startswith("golden node node01 failed"), \
+        report["stop_reason"]
+    assert report["summary"]["not_started"] == 3, report["summary"]
+    events = journal(rollouts, "release")
+    for node in waiting:
+        kinds = [e["event"] for e in events if e.get("node") == node]
+        # Drained ahead while the golden node was in its transaction, released at the stop.
+        assert kinds == ["started", "drained", "released"], (node, kinds)
+        assert rollouts.record("release", node) is None
+        assert rollouts.state(node) == before[node], node
+        assert not rollouts.drained(node)
+    assert rollouts.record("release", "node01")["result"] in ("rolled_back", "flagged")

@@ -12,7 +12,8 @@ in ``PATH``: they point ``scontrol`` at the fleet's ``slurm.conf``).
 One fleet of three nodes (node01 H100, node02 A100, node03 L40S: a class each, so each has its
 own slot), every node first on the baseline driver 580.126.20. Then, in order:
 
-* one rollout (``slurm-a``) over the three nodes: node01 runs a batch job when the rollout
+* one rollout (``slurm-a``) over the three nodes: node01 runs a batch job (time limit 30 minutes,
+  which the rollout reads from squeue as its drain estimate) when the rollout
   starts (it ends 20 s after the test has seen Slurm show node01 DRAINING), node02 was drained by an operator beforehand (another reason), node03's module build
   fails (fault ``build_fail``). node01 is drained only once its job has ended and is installed
   after that, then resumed (IDLE); node02 is refused and stays drained with the operator's
@@ -26,6 +27,7 @@ own slot), every node first on the baseline driver 580.126.20. Then, in order:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -85,10 +87,12 @@ class SlurmRollouts(Rollouts):
     def drained(self, node):
         return self.slurm_node(node)["drain"]
 
-    def sbatch(self, node, script):
-        """Submit ``script`` as a batch job on ``node`` (one GPU); its job id."""
+    def sbatch(self, node, script, time_limit=None):
+        """Submit ``script`` as a batch job on ``node`` (one GPU; ``time_limit`` as sbatch's ``--time``);
+        its job id."""
+        limit = ["--time=" + time_limit] if time_limit else []
         proc = self.fleet.slurm(["sbatch", "--parsable", "--nodelist=" + node, "--chdir=/root", "--gres=gpu:1",
-                                 "--output=/root/job-%j.out", "--wrap", script], check=True)
+                                 "--output=/root/job-%j.out"] + limit + ["--wrap", script], check=True)
         return proc.stdout.strip().split(";")[0]
 
     def job_state(self, job):
@@ -129,14 +133,20 @@ def first_rollout(slurm_rollouts):
     rollouts.fleet.slurm(["scontrol", "update", "NodeName=node02", "State=DRAIN", "Reason=" + OPERATOR_REASON],
                          check=True)
     rollouts.fleet.fault("node03", "build_fail", version=TARGET)
-    job = rollouts.sbatch("node01", JOB_SCRIPT % {"go": "/root/go", "end": "/root/job-end"})
+    job = rollouts.sbatch("node01", JOB_SCRIPT % {"go": "/root/go", "end": "/root/job-end"}, time_limit="30")
     wait_for(lambda: rollouts.job_state(job) == "RUNNING", 60, "job %s running on node01" % job)
     started = time.time()
     proc, log = rollouts.rollout("slurm-a", "node01:node02:node03", start=True)
     draining = {}
+    estimates = {}
 
     def seen_draining():
         draining.update(rollouts.slurm_node("node01"))
+        try:
+            with open(os.path.join(rollouts.report_dir("slurm-a"), "drain_estimates.json")) as handle:
+                estimates.update(json.load(handle)["ends"])
+        except (OSError, ValueError):
+            pass
         return draining["summary"] == "draining" or proc.poll() is not None
 
     wait_for(seen_draining, 1200, "the rollout to drain node01")
@@ -147,7 +157,7 @@ def first_rollout(slurm_rollouts):
     with open(os.path.join(rollouts.fleet.root_of("node01"), "root", "job-end")) as handle:
         job_end = float(handle.read().strip())
     return {"code": proc.returncode, "log": text, "job": job, "job_end": job_end, "started": started,
-            "draining": draining}
+            "draining": draining, "estimates": estimates}
 
 
 def release(rollouts, node, path):
@@ -173,6 +183,11 @@ def test_a_busy_node_is_drained_and_upgraded_only_after_its_job_ends(slurm_rollo
     assert record["drain"]["before"] in ("ALLOCATED", "MIXED"), record["drain"]
     assert rollouts.job_state(first_rollout["job"]) == ""
     assert_on(rollouts, "node01", TARGET)
+    # The step that started node01 read its job's time left from squeue (a 30-minute limit) for
+    # the longest-drain-first order; the idle nodes had no job, so no estimate.
+    ends = first_rollout["estimates"]
+    assert sorted(ends) == ["node01"], ends
+    assert 1500 < ends["node01"] - first_rollout["started"] <= 1860, (ends, first_rollout["started"])
 
 
 def test_the_rollout_resumes_only_the_nodes_it_drained(slurm_rollouts, first_rollout):

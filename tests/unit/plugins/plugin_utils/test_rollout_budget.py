@@ -503,3 +503,25 @@ def test_drain_ahead_reads_extra_var_text():
     assert rb.normalize_options({})["drain_ahead"] is True
     with pytest.raises(ValueError, match="rollout_drain_ahead must be true or false, got 'maybe'"):
         rb.normalize_options({"drain_ahead": "maybe"})
+
+
+def test_a_pool_of_draining_canaries_keeps_the_waves_closed():
+    # No golden node of its own; its only canary node still drains: the waves may drain ahead but
+    # not install (found on the fleet: a wave node installed while the canary drained).
+    nodes = fleet({"gpu_v100": 10}, golden=0, canary=1)
+    named = by_name(nodes)
+    named["gpu_v100-00"].update(status="in_flight", draining=True)
+    named["gpu_v100-01"].update(status="in_flight", drained=True)
+    decision = rb.decide(nodes, AHEAD)
+    assert decision["stages"] == {"gpu_v100": "canary"} and decision["install"] == []
+    named["gpu_v100-00"].update(draining=False, drained=True)
+    assert rb.decide(nodes, AHEAD)["install"] == ["gpu_v100-00"]
+    # Once one canary node has passed, one still draining is left out (even waiting for the whole
+    # pool): the waves open.
+    more = fleet({"gpu_v100": 30}, golden=0, canary=2)
+    named = by_name(more)
+    named["gpu_v100-00"].update(status="done", changed=True)
+    named["gpu_v100-01"].update(status="in_flight", draining=True)
+    named["gpu_v100-02"].update(status="in_flight", drained=True)
+    decision = rb.decide(more, rb.normalize_options({"canary_quorum": "100%"}))
+    assert decision["stages"] == {"gpu_v100": "waves"} and decision["install"] == ["gpu_v100-02"]
