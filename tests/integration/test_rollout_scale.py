@@ -147,10 +147,13 @@ def test_budget_quarantine_kill_and_slow_drain(scale):
     assert first_time[("started", "node02")] < first_time[("finished", "node01")] \
         < first_time[("installing", "node02")], first_time
     assert ("drained", "node02") in first_time
-    # The slow drain held only its own slot: H100 wave nodes after it finished before it did.
+    # The slow drain held only its own slot: H100 wave nodes after it started while it was still in
+    # its transaction (drained ahead, its 60 s drain also overlapped the canary's wait).
     finished = dict((e["node"], e["time"]) for e in events if e["event"] == "finished")
+    begun = dict((e["node"], e["time"]) for e in events if e["event"] == "started")
     later = [n for n in H100[H100.index(SLOW) + 1:] if n != LOST]
-    assert [n for n in later if finished[n] < finished[SLOW]], (finished, later)
+    assert [n for n in later if begun[n] < finished[SLOW]], (begun, finished, later)
+    assert first_time[("started", SLOW)] < first_time[("finished", "node02")], first_time
     markdown = open(os.path.join(rollouts.report_dir("scale"), "rollout-report.md")).read()
     assert "Quarantined (drained and flagged, out of service until cleared):" in markdown
     assert "- %s (waves): " % LOST in markdown
