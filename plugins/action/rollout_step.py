@@ -169,6 +169,31 @@ def with_estimates(nodes, ends, now):
     return nodes
 
 
+def _journal_stamp(directory):
+    try:
+        return os.stat(os.path.join(directory, rollout_journal.JOURNAL)).st_mtime_ns
+    except OSError:
+        return 0
+
+
+def wait_on_journal(directory, poll_s, step):
+    """Call ``step(journal)`` under the journal's lock each time the journal changes, every ``poll_s``
+    seconds, until it returns something other than ``None``; return that (I/O: reads the journal).
+
+    ``step`` may append to the journal (it holds the lock); what it appended does not count as a
+    change to wake it again.
+    """
+    seen = None
+    while True:
+        with rollout_journal.locked(directory):
+            if _journal_stamp(directory) != seen:
+                out = step(rollout_journal.read(directory))
+                if out is not None:
+                    return out
+                seen = _journal_stamp(directory)
+        time.sleep(poll_s)
+
+
 def _load_plan(directory):
     try:
         with open(os.path.join(directory, "plan.json"), "r", encoding="utf-8") as handle:
@@ -316,45 +341,35 @@ class ActionModule(ControllerAction):
         plan = _load_plan(directory)
         candidates = set(args["candidates"] or [node])
         ends = read_estimates(directory)
-        seen = None
-        while True:
-            with rollout_journal.locked(directory):
-                try:
-                    stamp = os.stat(os.path.join(directory, rollout_journal.JOURNAL)).st_mtime_ns
-                except OSError:
-                    stamp = 0
-                if stamp != seen:
-                    seen = stamp
-                    journal = rollout_journal.read(directory)
-                    mine = journal.get(node) or {}
-                    if mine.get("status") == "in_flight":
-                        if mine.get("pending"):
-                            rollout_journal.append_in_lock(directory, {
-                                "event": "resumed", "node": node, "run_id": args["run_id"], "time": time.time()})
-                        result.update({"admitted": True, "resumed": True, "why": "resumes its transaction"})
-                        return result
-                    if mine.get("status") in ("done", "failed", "refused"):
-                        result.update({"admitted": False, "why": "already %s in this rollout" % mine["result"]})
-                        return result
-                    nodes = with_estimates(rollout_journal.fleet_state(plan, journal), ends, time.time())
-                    decision = rollout_budget.decide(nodes, options, candidates=candidates)
-                    if node in decision["start"]:
-                        event = {"event": "started", "node": node, "run_id": args["run_id"], "time": time.time()}
-                        if options["drain_ahead"]:
-                            # Its install waits for a second admission (state=install) after its drain.
-                            event["draining"] = True
-                        rollout_journal.append_in_lock(directory, event)
-                        result.update({"admitted": True, "resumed": False, "why": "a slot of class %s is free"
-                                       % next(n["class"] for n in nodes if n["name"] == node)})
-                        return result
-                    if decision["action"] in ("stop", "done"):
-                        result.update({"admitted": False, "why": (decision["stop"] or {}).get("reason") or "done",
-                                       "stop": decision["stop"]})
-                        return result
-                    if not decision["in_flight"] and not decision["start"]:
-                        result.update({"admitted": False, "why": "no slot can free up in this step"})
-                        return result
-            time.sleep(args["poll_s"])
+
+        def step(journal):
+            mine = journal.get(node) or {}
+            if mine.get("status") == "in_flight":
+                if mine.get("pending"):
+                    rollout_journal.append_in_lock(directory, {
+                        "event": "resumed", "node": node, "run_id": args["run_id"], "time": time.time()})
+                return {"admitted": True, "resumed": True, "why": "resumes its transaction"}
+            if mine.get("status") in ("done", "failed", "refused"):
+                return {"admitted": False, "why": "already %s in this rollout" % mine["result"]}
+            nodes = with_estimates(rollout_journal.fleet_state(plan, journal), ends, time.time())
+            decision = rollout_budget.decide(nodes, options, candidates=candidates)
+            if node in decision["start"]:
+                event = {"event": "started", "node": node, "run_id": args["run_id"], "time": time.time()}
+                if options["drain_ahead"]:
+                    # Its install waits for a second admission (state=install) after its drain.
+                    event["draining"] = True
+                rollout_journal.append_in_lock(directory, event)
+                return {"admitted": True, "resumed": False, "why": "a slot of class %s is free"
+                        % next(n["class"] for n in nodes if n["name"] == node)}
+            if decision["action"] in ("stop", "done"):
+                return {"admitted": False, "why": (decision["stop"] or {}).get("reason") or "done",
+                        "stop": decision["stop"]}
+            if not decision["in_flight"] and not decision["start"]:
+                return {"admitted": False, "why": "no slot can free up in this step"}
+            return None
+
+        result.update(wait_on_journal(directory, args["poll_s"], step))
+        return result
 
     def _install(self, result, args, options, directory):
         """Wait until the drained node's install is admitted (``rollout_budget.install_admissions``).
@@ -371,40 +386,30 @@ class ActionModule(ControllerAction):
         if self._task.check_mode or not options["drain_ahead"]:
             return result
         plan = _load_plan(directory)
-        seen = None
-        while True:
-            with rollout_journal.locked(directory):
-                try:
-                    stamp = os.stat(os.path.join(directory, rollout_journal.JOURNAL)).st_mtime_ns
-                except OSError:
-                    stamp = 0
-                if stamp != seen:
-                    journal = rollout_journal.read(directory)
-                    mine = journal.get(node) or {}
-                    if mine.get("status") != "in_flight":
-                        raise AnsibleActionFail("rollout_step: %s is not in flight in this rollout (journal: %s)"
-                                                % (node, mine.get("status") or "not started"))
-                    if not mine.get("draining") and not mine.get("drained"):
-                        result["why"] = "its install was admitted before"
-                        return result
-                    if mine.get("draining"):
-                        rollout_journal.append_in_lock(directory, {"event": "drained", "node": node,
-                                                                   "run_id": args["run_id"], "time": time.time()})
-                        journal = rollout_journal.read(directory)
-                    stamp = os.stat(os.path.join(directory, rollout_journal.JOURNAL)).st_mtime_ns
-                    seen = stamp
-                    nodes = rollout_journal.fleet_state(plan, journal)
-                    decision = rollout_budget.decide(nodes, options)
-                    if node in decision["install"]:
-                        rollout_journal.append_in_lock(directory, {"event": "installing", "node": node,
-                                                                   "run_id": args["run_id"], "time": time.time()})
-                        stage = next(n for n in nodes if n["name"] == node)
-                        result["why"] = "the %s stage of class %s is open" % (
-                            decision["stages"].get(stage["class"], stage["stage"]), stage["class"])
-                        return result
-                    if decision["action"] == "stop":
-                        result.update({"admitted": False, "released": True, "stop": decision["stop"],
-                                       "why": "the rollout stopped before its install: %s"
-                                       % (decision["stop"] or {}).get("reason")})
-                        return result
-            time.sleep(args["poll_s"])
+
+        def step(journal):
+            mine = journal.get(node) or {}
+            if mine.get("status") != "in_flight":
+                raise AnsibleActionFail("rollout_step: %s is not in flight in this rollout (journal: %s)"
+                                        % (node, mine.get("status") or "not started"))
+            if not mine.get("draining") and not mine.get("drained"):
+                return {"why": "its install was admitted before"}
+            if mine.get("draining"):
+                rollout_journal.append_in_lock(directory, {"event": "drained", "node": node,
+                                                           "run_id": args["run_id"], "time": time.time()})
+                journal = rollout_journal.read(directory)
+            nodes = rollout_journal.fleet_state(plan, journal)
+            decision = rollout_budget.decide(nodes, options)
+            if node in decision["install"]:
+                rollout_journal.append_in_lock(directory, {"event": "installing", "node": node,
+                                                           "run_id": args["run_id"], "time": time.time()})
+                mine = next(n for n in nodes if n["name"] == node)
+                return {"why": "the %s stage of class %s is open" % (
+                    decision["stages"].get(mine["class"], mine["stage"]), mine["class"])}
+            if decision["action"] == "stop":
+                return {"admitted": False, "released": True, "stop": decision["stop"],
+                        "why": "the rollout stopped before its install: %s" % (decision["stop"] or {}).get("reason")}
+            return None
+
+        result.update(wait_on_journal(directory, args["poll_s"], step))
+        return result
