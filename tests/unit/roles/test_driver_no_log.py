@@ -39,7 +39,7 @@ def test_every_task_that_shows_such_a_url_has_no_log():
     shown = ("driver_repo_url", "__driver_repo.sources_content", "__driver_repo.repo_content",
              "__driver_repo.key_url", "driver_pynvml_pip_index_url")
     checked = 0
-    for name in ("main.yml", "repository.yml", "pynvml.yml"):
+    for name in ("main.yml", "repository.yml", "repository_dnf.yml", "pynvml.yml"):
         with open(os.path.join(ROLE, "tasks", name)) as handle:
             for task in _tasks(yaml.safe_load(handle)):
                 if "block" in task:
