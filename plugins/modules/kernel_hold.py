@@ -116,6 +116,7 @@ unattended_upgrades_blacklist:
 import json
 import os
 import platform
+import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -141,14 +142,31 @@ def installed_names(module):
     return set(p["name"] for p in parse_dpkg_l(out, driver_only=False) if p["installed"])
 
 
-def read_record(path):
-    """The record of an earlier run: a dict, or ``{}`` when absent or not a JSON object."""
+def read_record(module, path):
+    """The record of an earlier run: a dict, or ``{}`` when there is none.
+
+    A record that exists but is not a JSON object fails the module, naming the file: what it
+    held cannot be told, and releasing or overwriting it would lose an earlier hold.
+    """
+    if not os.path.lexists(path):
+        return {}
     try:
         with open(path, "r", encoding="utf-8") as handle:
             content = json.load(handle)
-    except (IOError, OSError, ValueError):
-        return {}
-    return content if isinstance(content, dict) else {}
+    except (IOError, OSError, ValueError, UnicodeDecodeError) as err:
+        module.fail_json(msg="%s cannot be read as this role's record (%s): inspect it, release its packages with "
+                             "apt-mark unhold if they were held here, and remove it" % (path, err))
+    if not isinstance(content, dict):
+        module.fail_json(msg="%s is not this role's record (a JSON object): inspect it and remove it" % path)
+    return content
+
+
+def held_packages(module):
+    """``apt-mark showhold``: the names on hold; fails the module when apt-mark does."""
+    rc, out, err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
+    if rc != 0:
+        module.fail_json(msg="apt-mark showhold failed: %s" % err.strip(), rc=rc)
+    return parse_apt_mark_showhold(out)
 
 
 def read_text(path):
@@ -165,16 +183,25 @@ def write_file(module, path, content, mode, directory_mode=None):
 
     :returns: whether the file changed (in check mode: would change).
     """
+    changed = False
+    directory = os.path.dirname(path)
+    if directory_mode is not None:
+        if not os.path.isdir(directory):
+            changed = True
+            if not module.check_mode:
+                os.makedirs(directory, directory_mode)
+        elif (os.stat(directory).st_mode & 0o7777) != directory_mode:
+            changed = True
+            if not module.check_mode:
+                os.chmod(directory, directory_mode)
     try:
-        if read_text(path) == content and (os.stat(path).st_mode & 0o7777) == mode:
-            return False
+        info = os.stat(path)
+        if read_text(path) == content and (info.st_mode & 0o7777) == mode and info.st_uid == 0 and info.st_gid == 0:
+            return changed
     except OSError:
         pass
     if module.check_mode:
         return True
-    directory = os.path.dirname(path)
-    if directory_mode is not None and not os.path.isdir(directory):
-        os.makedirs(directory, directory_mode)
     temp = "%s.tmp-%d" % (path, os.getpid())
     with open(temp, "w", encoding="utf-8") as handle:
         handle.write(content)
@@ -198,9 +225,8 @@ def hold(module):
     params = module.params
     kernel = platform.release()
     installed = installed_names(module)
-    rc, out, _err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
-    held_now = parse_apt_mark_showhold(out) if rc == 0 else []
-    previous = read_record(params["record"])
+    held_now = held_packages(module)
+    previous = read_record(module, params["record"])
     plan = kernel_hold_packages(kernel, sorted(installed), "apt")
     targets = sorted(set(plan["hold"] + [n for n in params["packages_extra"] if n in installed]))
     by_role = sorted(set([n for n in previous.get("held_by_role") or [] if isinstance(n, str)]
@@ -229,21 +255,23 @@ def hold(module):
 
 def release(module):
     params = module.params
-    previous = read_record(params["record"])
+    previous = read_record(module, params["record"])
     installed = installed_names(module)
     released = [n for n in previous.get("held_by_role") or [] if isinstance(n, str)]
     changed = False
     to_release = [n for n in released if n in installed]
     if to_release:
-        rc, out, _err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
-        held_now = set(parse_apt_mark_showhold(out) if rc == 0 else [])
+        held_now = set(held_packages(module))
         changed = any(n in held_now for n in to_release)
         set_selections(module, to_release, "install")
     for path in [p for p in previous.get("config_files") or [] if isinstance(p, str)] + [params["record"]]:
         if os.path.lexists(path):
             changed = True
             if not module.check_mode:
-                os.remove(path)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path)
+                else:
+                    os.remove(path)
     module.exit_json(changed=changed, running_kernel=platform.release(), released=released, held=[])
 
 

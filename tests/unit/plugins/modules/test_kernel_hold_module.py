@@ -103,9 +103,26 @@ def test_absent_releases_what_the_record_names_and_nothing_else(node, tmp_path, 
     assert code == 0 and result["changed"] is False and result["released"] == []
 
 
-def test_a_record_that_is_not_json_is_no_record(node, tmp_path, capsys):
+def test_a_record_that_is_not_json_is_refused_naming_it(node, tmp_path, capsys):
     (tmp_path / "facts.d").mkdir()
-    (tmp_path / "facts.d" / "gpufleet_kernel_hold.fact").write_text("{not json")
+    record = tmp_path / "facts.d" / "gpufleet_kernel_hold.fact"
+    record.write_text("{not json")
+    for state in ("present", "absent"):
+        code, result = run_module(dict(paths(tmp_path), state=state), capsys)
+        assert code == 1 and result["msg"].startswith("%s cannot be read as this role's record" % record)
+    record.write_text("[1, 2]")
     code, result = run_module(paths(tmp_path), capsys)
-    assert code == 0 and result["held_by_role"] == ["linux-image-%s" % KERNEL, "linux-image-amd64"]
-    assert node.held >= {"linux-image-amd64"}
+    assert code == 1 and result["msg"] == "%s is not this role's record (a JSON object): inspect it and remove it" % record
+    assert node.selections == [] and record.read_text() == "[1, 2]"
+
+
+def test_apt_mark_failing_fails_the_module(node, tmp_path, capsys, monkeypatch):
+    def failing(args, data=None, **kwargs):
+        if args[:2] == ["apt-mark", "showhold"]:
+            return 100, "", "E: Could not open lock file\n"
+        return node.run_command(args, data=data, **kwargs)
+
+    monkeypatch.setattr(AnsibleModule, "run_command", lambda _self, *a, **k: failing(*a, **k))
+    code, result = run_module(paths(tmp_path), capsys)
+    assert code == 1 and result["msg"] == "apt-mark showhold failed: E: Could not open lock file" and result["rc"] == 100
+    assert node.selections == [] and not (tmp_path / "51hold").exists()
