@@ -106,15 +106,31 @@ class AptSource(object):
             self.tmp = None
 
 
-def gather_apt(module):
+def dpkg_packages(module, driver_only=True):
+    """The package records of ``dpkg-query`` (:func:`installed_packages.parse_dpkg_l`; NVIDIA driver
+    packages only unless ``driver_only`` is false); fails the module when dpkg-query does."""
     rc, out, err = module.run_command(
         ["dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${binary:Package} ${Version} ${Architecture}\n"],
         environ_update=ENV)
     if rc != 0:
         module.fail_json(msg="dpkg-query failed: %s" % err, rc=rc)
-    installed = parse_dpkg_l(out, driver_only=True)
+    return parse_dpkg_l(out, driver_only=driver_only)
+
+
+def apt_holds(module, required=False):
+    """The names on hold (``apt-mark showhold``). When apt-mark fails: ``[]``, or with ``required``
+    the module fails (a caller that decides whose holds are whose must not guess)."""
     rc, out, err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
-    held = parse_apt_mark_showhold(out) if rc == 0 else []
+    if rc != 0:
+        if required:
+            module.fail_json(msg="apt-mark showhold failed: %s" % err.strip(), rc=rc)
+        return []
+    return parse_apt_mark_showhold(out)
+
+
+def gather_apt(module):
+    installed = dpkg_packages(module)
+    held = apt_holds(module)
     held_set = set(held)
     for package in installed:
         package["held"] = package["held"] or package["name"] in held_set

@@ -120,26 +120,16 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.installed_packages import (
-    parse_apt_mark_showhold,
-    parse_dpkg_l,
-)
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_hold import (
     kernel_hold_packages,
     unattended_upgrades_config,
 )
-
-ENV = {"LANG": "C", "LC_ALL": "C"}
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_packages import ENV, apt_holds, dpkg_packages
 
 
 def installed_names(module):
-    """Names of the installed packages (dpkg state not ``n``/``c``); fails the module when dpkg-query does."""
-    rc, out, err = module.run_command(
-        ["dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${binary:Package} ${Version} ${Architecture}\n"],
-        environ_update=ENV)
-    if rc != 0:
-        module.fail_json(msg="dpkg-query failed: %s" % err.strip(), rc=rc)
-    return set(p["name"] for p in parse_dpkg_l(out, driver_only=False) if p["installed"])
+    """Names of the installed packages (dpkg state not ``n``/``c``)."""
+    return set(p["name"] for p in dpkg_packages(module, driver_only=False) if p["installed"])
 
 
 def read_record(module, path):
@@ -159,14 +149,6 @@ def read_record(module, path):
     if not isinstance(content, dict):
         module.fail_json(msg="%s is not this role's record (a JSON object): inspect it and remove it" % path)
     return content
-
-
-def held_packages(module):
-    """``apt-mark showhold``: the names on hold; fails the module when apt-mark does."""
-    rc, out, err = module.run_command(["apt-mark", "showhold"], environ_update=ENV)
-    if rc != 0:
-        module.fail_json(msg="apt-mark showhold failed: %s" % err.strip(), rc=rc)
-    return parse_apt_mark_showhold(out)
 
 
 def read_text(path):
@@ -225,7 +207,7 @@ def hold(module):
     params = module.params
     kernel = platform.release()
     installed = installed_names(module)
-    held_now = held_packages(module)
+    held_now = apt_holds(module, required=True)
     previous = read_record(module, params["record"])
     plan = kernel_hold_packages(kernel, sorted(installed), "apt")
     targets = sorted(set(plan["hold"] + [n for n in params["packages_extra"] if n in installed]))
@@ -261,7 +243,7 @@ def release(module):
     changed = False
     to_release = [n for n in released if n in installed]
     if to_release:
-        held_now = set(held_packages(module))
+        held_now = set(apt_holds(module, required=True))
         changed = any(n in held_now for n in to_release)
         set_selections(module, to_release, "install")
     for path in [p for p in previous.get("config_files") or [] if isinstance(p, str)] + [params["record"]]:
