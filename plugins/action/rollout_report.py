@@ -14,7 +14,7 @@ from ansible.errors import AnsibleActionFail
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import run_lease
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import pid_alive, run_identity
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import run_identity
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "required": True, "choices": ["start", "probe", "record", "finish", "render", "golden"]},
@@ -70,17 +70,7 @@ class ActionModule(ControllerAction):
         stamp, iso = _now()
         result["changed"] = False
         if state == "probe":
-            # On the holder's controller its process answers; elsewhere (another controller, the
-            # next AWX job's container) its lease in the report directory does, when it is seen.
-            me = run_identity()
-            if args["controller"] and args["controller"] != me["controller"]:
-                seen = run_lease.read(args["lease"]) if args["lease"] else None
-                result["alive"] = seen["alive"] if seen else None
-                result["reason"] = seen["reason"] if seen else "the holder ran on another controller and names no lease"
-            else:
-                result["alive"] = pid_alive(args["pid"]) if args["pid"] else False
-                result["reason"] = "process %s on this controller %s" % (
-                    args["pid"], "runs" if result["alive"] else "is gone")
+            result.update(run_lease.probe_holder(args["controller"], args["pid"], args["lease"]))
             return result
         if state == "start":
             run = run_identity()

@@ -1,10 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.nvidia contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The base of the collection's controller-only actions (reports, rollout steps).
+"""The bases of the collection's actions: arguments validated first; controller-only ones.
 
-They need no connection to the host they run for, support check mode, and validate their
-arguments against an argument spec before doing anything.
+Every one supports check mode and validates its arguments against an argument spec before it
+does anything; controller-only actions (reports, rollout steps) need no connection to the host
+they run for.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible.plugins.action import ActionBase
 
 
-class ControllerAction(ActionBase):
-    """An action that runs on the controller only; subclasses set ``NAME`` and ``ARGUMENT_SPEC``."""
+class ValidatedAction(ActionBase):
+    """An action whose arguments are checked first; subclasses set ``NAME`` and ``ARGUMENT_SPEC``."""
 
     TRANSFERS_FILES = False
-    _requires_connection = False
     _supports_check_mode = True
     NAME = "action"
     ARGUMENT_SPEC = {}  # type: dict
@@ -32,3 +32,9 @@ class ControllerAction(ActionBase):
         if validation.error_messages:
             raise AnsibleActionFail("%s: %s" % (self.NAME, "; ".join(validation.error_messages)))
         return validation.validated_parameters
+
+
+class ControllerAction(ValidatedAction):
+    """An action that runs on the controller only, needing no connection to its host."""
+
+    _requires_connection = False

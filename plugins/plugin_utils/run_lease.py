@@ -28,6 +28,8 @@ import sys
 import time
 from typing import Any, Dict, Mapping, Optional
 
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import pid_alive, run_identity
+
 #: Seconds between two renewals of a lease by its keeper.
 RENEW_S = 60.0
 #: Seconds without renewal after which a lease's run counts as gone (five renewals missed).
@@ -142,3 +144,24 @@ def read(path: str, now: Optional[float] = None, stale_s: float = STALE_S) -> Di
                 "reason": "lease %s not renewed for %d s (stale after %d s)" % (path, int(age), int(stale_s))}
     return {"alive": True, "age_s": age, "lease": content if isinstance(content, dict) else None,
             "reason": "lease %s renewed %d s ago" % (path, int(age))}
+
+
+def probe_holder(controller: Optional[str], pid: Optional[int], lease: Optional[str]) -> Dict[str, Any]:
+    """Whether the run named by a node's rollout lock still runs, seen from this controller.
+
+    On the holder's own controller its ansible-playbook process answers
+    (:func:`controller_run.pid_alive`); elsewhere (another controller, the next AWX job's
+    container) its lease does (:func:`read`), when it can be seen here.
+
+    :param controller: the lock's ``controller`` (hostname), or ``None``.
+    :param pid: the lock's ``pid``, or ``None``.
+    :param lease: the lock's ``lease`` path, or ``None``.
+    :returns: ``{"alive": True | False | None, "reason": str}``; ``None``: unknown.
+    """
+    if controller and controller != run_identity()["controller"]:
+        seen = read(lease) if lease else None
+        if seen:
+            return {"alive": seen["alive"], "reason": seen["reason"]}
+        return {"alive": None, "reason": "the holder ran on another controller and names no lease"}
+    alive = pid_alive(pid) if pid else False
+    return {"alive": alive, "reason": "process %s on this controller %s" % (pid, "runs" if alive else "is gone")}
