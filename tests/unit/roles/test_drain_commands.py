@@ -5,7 +5,8 @@
 
 This is not an integration test: there is no Kubernetes API server or Slurm controller here.
 The stand-ins record each command line and answer from a state file; the test runs the role's
-own task files (``scheduler.yml``, ``drain.yml``, ``undrain.yml``) with ``ansible-playbook``
+own task files (``scheduler.yml``, ``drain.yml``, ``undrain.yml``; who drained the node is
+decided as ``plugin_utils.node_preflight.scheduler`` decides it) with ``ansible-playbook``
 on the controller and checks the commands, their order, and the drain record on the "node"
 (a directory). What it proves: the arguments (the drain timeout of an extra var given as a
 string, the rollout's reason), the order, and who returns a node to service.
@@ -68,6 +69,18 @@ PLAYBOOK = """\
       ansible.builtin.include_role:
         name: gpufleet.nvidia.node_upgrade
         tasks_from: scheduler
+    # What gpufleet.nvidia.node_preflight decides from that output and the drain record
+    # (plugin_utils/node_preflight.py scheduler()), with the same filters.
+    - name: Who drained the node
+      vars:
+        __out: >-
+          {{ __node_upgrade_sched_slurm.stdout if node_upgrade_drain in ['slurm', 'slurm_reboot']
+             else __node_upgrade_sched_k8s.stdout if node_upgrade_drain == 'kubernetes' else '' }}
+      ansible.builtin.set_fact:
+        __node_upgrade_sched: "{{ __out | gpufleet.nvidia.rollout_drain_state(node_upgrade_drain) }}"
+        __node_upgrade_drain_owned: >-
+          {{ node_upgrade_drain != 'none' and not (__out | gpufleet.nvidia.rollout_drain_state(node_upgrade_drain)
+             | gpufleet.nvidia.rollout_drained_by_others(__node_upgrade_drain_record)) }}
     - name: Drain
       ansible.builtin.include_role:
         name: gpufleet.nvidia.node_upgrade

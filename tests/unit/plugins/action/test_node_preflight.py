@@ -1,0 +1,180 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The node_upgrade preflight in one task: ``plugin_utils.node_preflight`` and the ``node_preflight`` action.
+
+The action's module calls (setup, gpu_facts, node_lock, driver_resolve) are answered by a fake
+``_execute_module`` that records them: this is not an integration test (the rollout's fleet
+tests run the action on the simulated fleet).
+"""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+
+from ansible.errors import AnsibleActionFail
+from ansible.playbook.play_context import PlayContext
+
+from ansible_collections.gpufleet.nvidia.plugins.action.node_preflight import ActionModule
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import node_preflight
+
+OLD = "580.126.20"
+NEW = "620.82.01"
+OWNER = {"rollout_id": "driver-ltsb", "run_id": "ctl-100-1", "controller": "ctl", "pid": 100}
+OPTIONS = {"rollout_id": "driver-ltsb", "drain": "none"}
+
+
+def facts(version=OLD):
+    doc = new_facts("nvml")
+    doc["driver"].update(userspace_version=version, loaded_version=version, on_disk_version=version,
+                         branch=version.split(".")[0], kernel_module_type="open", state="ok")
+    for index in range(2):
+        gpu = new_gpu(index)
+        gpu.update(uuid="GPU-%08d-0000-0000-0000-000000000000" % index, name="NVIDIA H100 80GB HBM3",
+                   architecture="hopper")
+        doc["gpus"].append(gpu)
+    doc["gpu_count"] = 2
+    return doc
+
+
+def files(**content):
+    """node_lock's files read: each name's content, or ("unreadable", why)."""
+    out = {}
+    for name in ("flag", "lock", "snapshot", "driver", "drain", "os_reboot"):
+        value = content.get(name)
+        if isinstance(value, tuple):
+            out[name] = {"exists": True, "content": None, "unreadable": value[1], "identity": "x"}
+        else:
+            out[name] = {"exists": value is not None, "content": value if isinstance(value, dict) else None,
+                         "unreadable": None, "identity": "id-%s" % name if value is not None else None}
+    return {"files": out, "boot_id": "boot-1"}
+
+
+RESOLVED = {"resolved": {"version": NEW, "branch": "620"}, "plan": {"steps": [{"argv": ["apt-get", "install"]}]}}
+LOCK_OK = {"ok": True, "takeover": False, "reasons": [], "flags": [], "lock": {}}
+
+
+def test_a_flag_that_cannot_be_read_flags_the_node_and_a_bad_snapshot_is_ignored_with_a_warning():
+    state = node_preflight.parse_state_files(files(flag=("unreadable", "flag file is not JSON"),
+                                                   snapshot=("unreadable", "snapshot.json is not JSON"),
+                                                   lock=("unreadable", "lock.json is not JSON")))
+    assert state["flag"]["flagged"] is True
+    assert state["flag"]["reason"].startswith("flag file is not JSON; inspect and remove it")
+    assert state["lock_found"] == "lock.json is not JSON"
+    assert state["saved_snapshot"] == {}
+    assert state["warnings"] == ["snapshot.json is not JSON: ignored"]
+    assert state["boot_id"] == "boot-1" and state["os_reboot_requested"] is False
+
+
+def test_a_node_drained_by_someone_else_is_not_ours_and_is_refused_unless_allowed():
+    line = "NodeName=node01 State=IDLE+DRAIN Partitions=all Reason=bad_dimm [ops@t]"
+    drain = node_preflight.scheduler("slurm", line, {})
+    assert drain["drain_owned"] is False and drain["sched"]["out_of_service"] is True
+    state = node_preflight.parse_state_files(files())
+    decision = node_preflight.decide(facts(), RESOLVED, state, LOCK_OK, drain["sched"], dict(OPTIONS, drain="slurm"))
+    assert decision["preflight"]["action"] == "refuse"
+    assert decision["preflight"]["flags"] == ["drained_by_others"]
+    assert "drained in slurm before the rollout (bad_dimm)" in decision["preflight"]["reasons"][0]
+    allowed = node_preflight.decide(facts(), RESOLVED, state, LOCK_OK, drain["sched"],
+                                    dict(OPTIONS, drain="slurm", allow_drained=True))
+    assert allowed["preflight"]["action"] == "upgrade" and allowed["target"] == NEW
+    # Our own drain record makes the drain ours.
+    assert node_preflight.scheduler("slurm", line, {"rollout_id": "driver-ltsb"})["drain_owned"] is True
+    assert node_preflight.scheduler("none", "", {})["drain_owned"] is False
+
+
+def test_a_driver_that_cannot_be_resolved_and_a_held_lock_refuse_naming_both():
+    lock = {"ok": False, "takeover": False, "reasons": ["locked by run other-1"], "flags": ["locked"], "lock": {}}
+    state = node_preflight.parse_state_files(files())
+    decision = node_preflight.decide(facts(), {"failed": True, "msg": "R620 dropped Volta"}, state, lock, {},
+                                     OPTIONS)
+    assert decision["preflight"]["action"] == "refuse"
+    assert decision["preflight"]["reasons"][:2] == ["R620 dropped Volta", "locked by run other-1"]
+    assert decision["preflight"]["flags"][:2] == ["resolution", "locked"]
+    assert decision["target"] == ""
+
+
+def test_an_upgrade_staged_for_a_slurm_reboot_goes_on_to_its_staged_target():
+    snapshot = {"rollout_id": "driver-ltsb", "run_id": "ctl-99-1", "staged": {"target": NEW}, "completed": False}
+    state = node_preflight.parse_state_files(files(snapshot=snapshot))
+    decision = node_preflight.decide(facts(NEW), RESOLVED, state, LOCK_OK, {}, dict(OPTIONS, drain="slurm_reboot"))
+    assert decision["staged"] is True and decision["target"] == NEW
+    assert decision["preflight"]["action"] == "upgrade"
+    assert decision["preflight"]["notes"] == ["staged %s for a reboot Slurm runs" % NEW]
+
+
+def test_a_node_on_target_and_pinned_is_skipped():
+    state = node_preflight.parse_state_files(files())
+    pinned = {"resolved": {"version": NEW, "branch": "620"}, "plan": {"steps": []}}
+    decision = node_preflight.decide(facts(NEW), pinned, state, LOCK_OK, {}, OPTIONS)
+    assert decision["preflight"]["action"] == "skip"
+    assert decision["left"]["left_lock"] is False and decision["left"]["unrecorded"] is False
+
+
+def action(args, answers, check_mode=False):
+    task = mock.MagicMock()
+    task.args = args
+    task.async_val = 0
+    task.check_mode = check_mode
+    context = PlayContext()
+    context.check_mode = check_mode
+    connection = mock.MagicMock()
+    connection._shell.tmpdir = None
+    plugin = ActionModule(task, connection, context, loader=None, templar=None, shared_loader_obj=None)
+    calls = []
+
+    def execute(module_name=None, module_args=None, task_vars=None, **_kwargs):
+        calls.append((module_name, module_args))
+        return answers[module_name]
+
+    plugin._execute_module = execute
+    plugin._remove_tmp_path = lambda *a, **k: None
+    return plugin, calls
+
+
+ARGS = {"files": {"flag": "/f", "lock": "/l", "snapshot": "/s", "driver": "/d", "drain": "/r", "os_reboot": "/o"},
+        "owner": OWNER, "rollout_id": "driver-ltsb", "drain": "none"}
+
+
+def test_action_reads_once_resolves_with_the_facts_it_read_and_decides():
+    answers = {"ansible.builtin.setup": {"ansible_facts": {"ansible_distribution": "Debian",
+                                                           "ansible_distribution_major_version": "12",
+                                                           "ansible_distribution_version": "12.7",
+                                                           "ansible_kernel": "6.1.0-25-amd64"}},
+               "gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
+               "gpufleet.nvidia.node_lock": files(lock={"run_id": "other-1", "controller": "ctl-gone", "pid": 7}),
+               "gpufleet.nvidia.driver_resolve": dict(RESOLVED, changed=False, _ansible_no_log=False)}
+    plugin, calls = action(dict(ARGS, resolve={"branch": "ltsb", "version": "", "today": ""}), answers)
+    result = plugin.run(task_vars={"ansible_facts": {}})
+    assert [name for name, _args in calls] == [
+        "ansible.builtin.setup", "gpufleet.nvidia.gpu_facts", "gpufleet.nvidia.node_lock", "gpufleet.nvidia.driver_resolve"]
+    resolve_args = calls[3][1]
+    assert resolve_args["distribution"] == "debian12" and len(resolve_args["gpus"]) == 2
+    assert "version" not in resolve_args and "today" not in resolve_args  # "" means not given
+    assert result["ansible_facts"]["ansible_kernel"] == "6.1.0-25-amd64"
+    assert result["ansible_facts"]["nvidia"]["driver"]["loaded_version"] == OLD
+    # The holder ran on another controller and names no lease: unknown, younger than stale → refused.
+    assert result["probe"] == {"alive": None, "reason": "the holder ran on another controller and names no lease"}
+    assert result["lock"]["ok"] is False
+    assert result["decision"]["preflight"]["action"] == "refuse"
+    assert "_ansible_no_log" not in result["resolve"]
+
+
+def test_action_without_resolve_only_reads_and_a_failing_module_fails_it_by_name():
+    answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
+               "gpufleet.nvidia.node_lock": files()}
+    known = {"ansible_facts": {"distribution": "Debian", "kernel": "6.1.0-25-amd64"}}
+    plugin, calls = action(dict(ARGS), answers)
+    result = plugin.run(task_vars=known)
+    assert [name for name, _args in calls] == ["gpufleet.nvidia.gpu_facts", "gpufleet.nvidia.node_lock"]
+    assert "decision" not in result and result["lock"]["ok"] is True and result["probe"] is None
+    answers["gpufleet.nvidia.node_lock"] = {"failed": True, "msg": "/l is a directory"}
+    plugin, _calls = action(dict(ARGS), answers)
+    with pytest.raises(AnsibleActionFail, match=r"read the node's state files \(gpufleet.nvidia.node_lock\): /l is a directory"):
+        plugin.run(task_vars=known)
+    plugin, _calls = action(dict(ARGS, drain="sometimes"), answers)
+    with pytest.raises(AnsibleActionFail, match="drain"):
+        plugin.run(task_vars=known)
