@@ -45,13 +45,23 @@ class ActionModule(ValidatedAction):
     NAME = "node_preflight"
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
-    def _module(self, name, args, task_vars, what):
+    def _module(self, name, args, task_vars, what, warnings):
+        """Run one module on the node; its warnings join ``warnings``; a failure fails the action naming it."""
         result = self._execute_module(module_name=name, module_args=args, task_vars=task_vars)
+        warnings.extend(str(warning) for warning in result.get("warnings") or [])
         if result.get("failed"):
             raise AnsibleActionFail("%s (%s): %s" % (what, name, result.get("msg") or "failed"))
         return result
 
     def run(self, tmp=None, task_vars=None):
+        """Read the node and decide (the options and the result are in ``plugins/modules/node_preflight.py``).
+
+        :returns: ``{"ansible_facts": {"nvidia", [min facts]}, "state", "sched", "drain_owned", "lock",
+            "probe", ["resolve", "decision"], ["warnings": ["<host>: <warning>"]]}``; the
+            modules' own warnings are passed on.
+        :raises AnsibleActionFail: bad arguments, a module that failed (named), an unknown
+            scheduler output, or a distribution the collection does not support.
+        """
         result = super(ActionModule, self).run(tmp, task_vars)
         task_vars = task_vars or {}
         args = self.validated_args()
@@ -61,15 +71,15 @@ class ActionModule(ValidatedAction):
             new_facts = {}
             if "distribution" not in known or "kernel" not in known:
                 gathered = self._module("ansible.builtin.setup", {"gather_subset": ["min"]}, task_vars,
-                                        "gather the facts the driver resolution needs")
+                                        "gather the facts the driver resolution needs", warnings)
                 new_facts.update(gathered.get("ansible_facts") or {})
                 known.update((key[8:] if key.startswith("ansible_") else key, value)
                              for key, value in (gathered.get("ansible_facts") or {}).items())
-            gpu = self._module("gpufleet.nvidia.gpu_facts", {}, task_vars, "read the driver and GPU state")
+            gpu = self._module("gpufleet.nvidia.gpu_facts", {}, task_vars, "read the driver and GPU state", warnings)
             facts = (gpu.get("ansible_facts") or {}).get("nvidia")
             new_facts["nvidia"] = facts
             read = self._module("gpufleet.nvidia.node_lock", {"files": args["files"]}, task_vars,
-                                "read the node's state files")
+                                "read the node's state files", warnings)
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
         state = node_preflight.parse_state_files(read)
@@ -93,15 +103,15 @@ class ActionModule(ValidatedAction):
         result.update(changed=False, ansible_facts=new_facts, state=state, sched=drain["sched"],
                       drain_owned=drain["drain_owned"], lock=lock, probe=probe)
         if args["resolve"] is not None:
-            result["resolve"] = self._resolve(args["resolve"], known, facts, task_vars)
+            result["resolve"] = self._resolve(args["resolve"], known, facts, task_vars, warnings)
             result["decision"] = node_preflight.decide(
-                facts, result["resolve"], state, lock, drain["sched"],
-                dict(args, rollout_id=args["rollout_id"]))
+                facts, result["resolve"], state, lock, drain["sched"], args)
         if warnings:
-            result["warnings"] = warnings
+            host = task_vars.get("inventory_hostname") or "?"
+            result["warnings"] = ["%s: %s" % (host, warning) for warning in warnings]
         return result
 
-    def _resolve(self, request, known, facts, task_vars):
+    def _resolve(self, request, known, facts, task_vars, warnings):
         """driver_resolve's result for this node; a failure is returned (the preflight refuses), not raised."""
         try:
             distribution = distributions.distribution_id(
@@ -116,4 +126,6 @@ class ActionModule(ValidatedAction):
                                             task_vars=task_vars)
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
-        return dict((key, value) for key, value in resolved.items() if not key.startswith("_ansible"))
+        warnings.extend(str(warning) for warning in resolved.get("warnings") or [])
+        return dict((key, value) for key, value in resolved.items()
+                    if not key.startswith("_ansible") and key != "warnings")

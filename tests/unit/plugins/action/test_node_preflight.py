@@ -164,13 +164,15 @@ def test_action_reads_once_resolves_with_the_facts_it_read_and_decides():
 
 
 def test_action_without_resolve_only_reads_and_a_failing_module_fails_it_by_name():
-    answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
-               "gpufleet.nvidia.node_lock": files()}
-    known = {"ansible_facts": {"distribution": "Debian", "kernel": "6.1.0-25-amd64"}}
+    answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}, "warnings": ["kernel log unreadable"]},
+               "gpufleet.nvidia.node_lock": files(drain=("unreadable", "drain.json is not JSON"))}
+    known = {"ansible_facts": {"distribution": "Debian", "kernel": "6.1.0-25-amd64"}, "inventory_hostname": "node07"}
     plugin, calls = action(dict(ARGS), answers)
     result = plugin.run(task_vars=known)
     assert [name for name, _args in calls] == ["gpufleet.nvidia.gpu_facts", "gpufleet.nvidia.node_lock"]
     assert "decision" not in result and result["lock"]["ok"] is True and result["probe"] is None
+    # The modules' warnings are passed on, each warning names the node.
+    assert result["warnings"] == ["node07: kernel log unreadable", "node07: drain.json is not JSON: ignored"]
     answers["gpufleet.nvidia.node_lock"] = {"failed": True, "msg": "/l is a directory"}
     plugin, _calls = action(dict(ARGS), answers)
     with pytest.raises(AnsibleActionFail, match=r"read the node's state files \(gpufleet.nvidia.node_lock\): /l is a directory"):
