@@ -83,3 +83,20 @@ def next_local_facts(previous: Optional[Dict[str, Any]], target: str, branch: st
         action = "install" if recorded != target else "known_good"
     return update_local_facts(prev, target, branch, when, action, verified_good=verified or None,
                               history_limit=int(history_limit), kernel_module_type=kernel_module_type)
+
+
+#: The local facts' name for what a transaction did, in this order of precedence
+#: (``package_transaction.plan_transaction``'s ``changes``).
+ACTIONS = ("downgrade", "branch_change", "upgrade", "install", "repin")
+
+
+def transaction_action(changes: Optional[Dict[str, Any]]) -> str:
+    """``downgrade``, ``branch_change``, ``upgrade``, ``install``, ``repin`` or ``none``: the first that ``changes`` holds.
+
+    :param changes: the plan's ``changes`` (``{"install", "upgrade", "downgrade", "branch_change", "repin", ...}``
+        booleans).
+    """
+    for action in ACTIONS:
+        if (changes or {}).get(action):
+            return action
+    return "none"

@@ -28,6 +28,40 @@ description:
   - In check mode nothing is changed; the result holds the exact transaction (C(plan.steps)) and, with
     C(--diff), the packages, holds and pin file before and as they would be after.
 options:
+  local_facts:
+    description:
+      - Record the driver in the node's local facts file after the transaction (the driver role's
+        C(/etc/ansible/facts.d/gpufleet_driver.fact)) - current version, previous, last known-good
+        and history - as C(driver_local_facts.next_local_facts) decides; written only when it
+        changes, mode 0644, its directory made (0755) when missing. The file is read before anything
+        is changed; one that is not a JSON object fails the module then, naming it.
+    type: dict
+    suboptions:
+      path:
+        description: The local facts file.
+        type: path
+        required: true
+      loaded_version:
+        description: The driver version loaded at the start of the run (M(gpufleet.nvidia.gpu_facts)).
+        type: str
+      driver_state:
+        description: The driver state at the start of the run (M(gpufleet.nvidia.gpu_facts), V(ok) when healthy).
+        type: str
+      mark_known_good:
+        description: Record the loaded version as last known-good when it was loaded, healthy and the recorded one.
+        type: bool
+        default: false
+      history_limit:
+        description: History entries kept.
+        type: int
+        default: 50
+  enable_services:
+    description:
+      - After the transaction, enable C(nvidia-persistenced) and, when Fabric Manager is part of the set,
+        C(nvidia-fabricmanager) to start at boot (C(systemctl enable)), each where its unit file is
+        installed (C(/usr/lib/systemd/system)).
+    type: bool
+    default: false
   verify_module_build:
     description:
       - After a transaction that installs, upgrades, downgrades or changes the branch, compare the
@@ -118,18 +152,37 @@ classified:
   description: What the apt or dnf failure classifier made of the failed step's output.
   returned: failure of a step
   type: dict
+action:
+  description: What the transaction does - V(downgrade), V(branch_change), V(upgrade), V(install), V(repin) or V(none).
+  returned: success
+  type: str
+local_facts:
+  description: The local facts after the transaction (with O(local_facts)); in check mode, what would be written.
+  returned: with O(local_facts)
+  type: dict
+local_facts_previous:
+  description: The local facts read before the transaction (V({}) when there were none).
+  returned: with O(local_facts)
+  type: dict
+services:
+  description: Per service unit, V(enabled), V(enabled_now) (in check mode V(would_enable)) or V(absent) (no unit file).
+  returned: with O(enable_services)
+  type: dict
 module_build:
   description: The module build check (C(verdict), C(expected), C(found), C(running_kernel), C(message)).
   returned: failure of the module build check
   type: dict
 """
 
+import json
 import os
-import tempfile
+from datetime import datetime, timezone
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import apt_plan
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_local_facts
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_files import read_text, write_file
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_failures
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_packages import (
@@ -151,29 +204,6 @@ APT_REMEDY = {
     "network": "check that the node reaches the repository, then run again",
     "other": "read the output below",
 }
-
-
-def read_text(path):
-    """Content of ``path``, or ``None`` when there is no such file."""
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except (IOError, OSError):
-        return None
-
-
-def write_file(module, path, content):
-    """Write ``content`` to ``path`` atomically, mode 0644, owned by root where the module runs as root."""
-    directory = os.path.dirname(path)
-    if not os.path.isdir(directory):
-        os.makedirs(directory, 0o755)
-    handle, tmp = tempfile.mkstemp(dir=directory, prefix=".gpufleet-")
-    with os.fdopen(handle, "w") as out:
-        out.write(content)
-    os.chmod(tmp, 0o644)
-    if os.geteuid() == 0:
-        os.chown(tmp, 0, 0)
-    module.atomic_move(tmp, path)
 
 
 def installed_versions(records):
@@ -324,9 +354,73 @@ def check_module_build(module, planned):
     return verdict
 
 
+#: Where the driver packages install their systemd units.
+UNIT_DIR = "/usr/lib/systemd/system"
+
+
+def read_local_facts(module, path):
+    """The local facts file as a dict (``{}`` when absent); fails the module, naming it, when it is not a JSON object."""
+    text = read_text(path)
+    if text is None:
+        return {}
+    try:
+        content = json.loads(text)
+    except ValueError as exc:
+        content = exc
+    if not isinstance(content, dict):
+        module.fail_json(msg="the driver's local facts %s are not a JSON object (%s): move the file away and run "
+                             "again; nothing was changed" % (path, content if isinstance(content, ValueError)
+                                                             else type(content).__name__))
+    return content
+
+
+def record_local_facts(module, options, previous, planned, action):
+    """Write the next local facts (``driver_local_facts.next_local_facts``) when they change; return them."""
+    resolved = planned["resolved"]
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    following = driver_local_facts.next_local_facts(
+        previous, resolved["version"], str(resolved["branch"]), resolved.get("kernel_module_type"), action,
+        options.get("loaded_version") or None, options.get("driver_state") or None,
+        bool(options.get("mark_known_good")), when, int(options.get("history_limit") or 50))
+    if following != previous and not module.check_mode:
+        write_file(module, options["path"], json.dumps(following, indent=4, sort_keys=True) + "\n")
+    return following
+
+
+def enable_services(module, fabric_manager):
+    """Enable the driver's services at boot where their units are installed: ``{unit: state}`` (RV(services))."""
+    units = ["nvidia-persistenced"] + (["nvidia-fabricmanager"] if fabric_manager else [])
+    states = {}
+    for unit in units:
+        if not os.path.exists(os.path.join(UNIT_DIR, unit + ".service")):
+            states[unit] = "absent"
+            continue
+        rc, _out, _err = module.run_command(["systemctl", "is-enabled", unit])
+        if rc == 0:
+            states[unit] = "enabled"
+        elif module.check_mode:
+            states[unit] = "would_enable"
+        else:
+            rc, out, err = module.run_command(["systemctl", "enable", unit])
+            if rc != 0:
+                module.fail_json(msg="systemctl enable %s failed (rc %s): %s" % (unit, rc, (err or out).strip()),
+                                 services=states)
+            states[unit] = "enabled_now"
+    return states
+
+
 def main():
-    spec = dict(PLAN_ARGUMENT_SPEC, verify_module_build=dict(type="bool", default=True))
+    spec = dict(PLAN_ARGUMENT_SPEC, verify_module_build=dict(type="bool", default=True),
+                enable_services=dict(type="bool", default=False),
+                local_facts=dict(type="dict", options=dict(
+                    path=dict(type="path", required=True),
+                    loaded_version=dict(type="str"),
+                    driver_state=dict(type="str"),
+                    mark_known_good=dict(type="bool", default=False),
+                    history_limit=dict(type="int", default=50))))
     module = AnsibleModule(argument_spec=spec, supports_check_mode=True)
+    facts_options = module.params["local_facts"]
+    previous_facts = read_local_facts(module, facts_options["path"]) if facts_options else None
     planned = resolve_and_plan(module, count_nvswitches())
     plan = planned["plan"]
     manager = plan["package_manager"]
@@ -345,10 +439,26 @@ def main():
         after = before
     for text in planned["warnings"]:
         module.warn(text)
+    action = driver_local_facts.transaction_action(plan["changes"])
     result = dict(changed=comparable(before) != comparable(after), resolved=planned["resolved"], plan=plan,
                   installed=before["installed"], installed_after=after["installed"],
                   available_versions=planned["available_versions"], fabric_manager=planned["fabric_manager"],
-                  nvswitch_count=planned["nvswitch_count"], repository_source=planned["repository_source"])
+                  nvswitch_count=planned["nvswitch_count"], repository_source=planned["repository_source"],
+                  action=action)
+    if facts_options:
+        result["local_facts_previous"] = previous_facts
+        result["local_facts"] = record_local_facts(module, facts_options, previous_facts, planned, action)
+        # The file is one of what --diff compares.
+        path = facts_options["path"]
+        before["files"][path] = json.dumps(previous_facts, indent=4, sort_keys=True) + "\n" if previous_facts else None
+        after = dict(after, files=dict(after["files"]))
+        after["files"][path] = json.dumps(result["local_facts"], indent=4, sort_keys=True) + "\n" \
+            if result["local_facts"] else None
+        result["changed"] = result["changed"] or result["local_facts"] != previous_facts
+    if module.params["enable_services"]:
+        result["services"] = enable_services(module, planned["fabric_manager"])
+        result["changed"] = result["changed"] or any(state in ("enabled_now", "would_enable")
+                                                     for state in result["services"].values())
     if module._diff:
         result["diff"] = {"before": diff_text(before), "after": diff_text(after),
                           "before_header": "driver packages before", "after_header": "driver packages after"}

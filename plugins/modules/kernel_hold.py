@@ -124,6 +124,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_hold import
     kernel_hold_packages,
     unattended_upgrades_config,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_files import read_text, write_file
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_packages import ENV, apt_holds, dpkg_packages
 
 
@@ -149,48 +150,6 @@ def read_record(module, path):
     if not isinstance(content, dict):
         module.fail_json(msg="%s is not this role's record (a JSON object): inspect it and remove it" % path)
     return content
-
-
-def read_text(path):
-    """The text of ``path``, or ``None`` when it cannot be read."""
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            return handle.read()
-    except (IOError, OSError, UnicodeDecodeError):
-        return None
-
-
-def write_file(module, path, content, mode, directory_mode=None):
-    """Write ``content`` to ``path`` (root-owned, ``mode``) through a temporary file when it differs.
-
-    :returns: whether the file changed (in check mode: would change).
-    """
-    changed = False
-    directory = os.path.dirname(path)
-    if directory_mode is not None:
-        if not os.path.isdir(directory):
-            changed = True
-            if not module.check_mode:
-                os.makedirs(directory, directory_mode)
-        elif (os.stat(directory).st_mode & 0o7777) != directory_mode:
-            changed = True
-            if not module.check_mode:
-                os.chmod(directory, directory_mode)
-    try:
-        info = os.stat(path)
-        if read_text(path) == content and (info.st_mode & 0o7777) == mode and info.st_uid == 0 and info.st_gid == 0:
-            return changed
-    except OSError:
-        pass
-    if module.check_mode:
-        return True
-    temp = "%s.tmp-%d" % (path, os.getpid())
-    with open(temp, "w", encoding="utf-8") as handle:
-        handle.write(content)
-    os.chmod(temp, mode)
-    os.chown(temp, 0, 0)
-    os.rename(temp, path)
-    return True
 
 
 def set_selections(module, names, selection):

@@ -37,6 +37,7 @@ class FakeNode:
         self.held = set(held)
         self.install_error = install_error
         self.module_version = module_version
+        self.enabled = set()
         self.calls = []
 
     def run_command(self, args, **kwargs):  # pylint: disable=unused-argument
@@ -71,6 +72,11 @@ class FakeNode:
                 elif "=" in spec:
                     name, version = spec.split("=", 1)
                     self.installed[name] = version
+            return 0, "", ""
+        if args[:2] == ["systemctl", "is-enabled"]:
+            return (0, "enabled\n", "") if args[2] in self.enabled else (1, "disabled\n", "")
+        if args[:2] == ["systemctl", "enable"]:
+            self.enabled.add(args[2])
             return 0, "", ""
         if args[0] == "modinfo":
             return (0, self.module_version + "\n", "") if self.module_version else (1, "", "modinfo: ERROR")
@@ -149,3 +155,65 @@ def test_module_built_for_another_version_fails_before_any_reboot(paths, capsys,
     code, result = run(node, ARGS, capsys, monkeypatch)
     assert code == 1 and result["module_build"]["verdict"] == "broken"
     assert "is 580.126.20 but the driver installed is 620.82.01" in result["msg"]
+
+
+def test_the_local_facts_are_recorded_in_the_same_run_and_the_loaded_version_becomes_known_good(
+        paths, capsys, monkeypatch, tmp_path):
+    facts = tmp_path / "facts.d" / "gpufleet_driver.fact"
+    facts.parent.mkdir()
+    facts.write_text(json.dumps({"schema_version": 1, "current": {"version": "580.126.20", "branch": "580",
+                                                                  "kernel_module_type": "open", "since": "t0"},
+                                 "previous": None, "last_known_good": None, "history": []}))
+    node = FakeNode(installed=installed_580(), held=set(installed_580()), module_version="620.82.01")
+    options = {"path": str(facts), "loaded_version": "580.126.20", "driver_state": "ok", "mark_known_good": True}
+    code, result = run(node, dict(ARGS, local_facts=options), capsys, monkeypatch, check=True, diff=True)
+    assert code == 0 and result["action"] == "branch_change"
+    assert result["local_facts"]["current"]["version"] == "620.82.01"
+    assert json.loads(facts.read_text())["current"]["version"] == "580.126.20"  # check mode: not written
+    assert '"version": "620.82.01"' in result["diff"]["after"] and "file %s:" % facts in result["diff"]["before"]
+    code, result = run(node, dict(ARGS, local_facts=options), capsys, monkeypatch)
+    assert code == 0 and result["changed"] is True
+    written = json.loads(facts.read_text())
+    assert written == result["local_facts"]
+    assert written["current"]["version"] == "620.82.01" and written["previous"]["version"] == "580.126.20"
+    assert written["last_known_good"]["version"] == "580.126.20"  # loaded, healthy and the recorded one
+    assert [entry["action"] for entry in written["history"]] == ["branch_change"]
+    assert oct(facts.stat().st_mode & 0o777) == "0o644"
+    # Nothing new: the file is not written again and nothing changed.
+    stamp = facts.stat().st_mtime_ns
+    again = FakeNode(installed=node.installed, held=node.held)
+    code, result = run(again, dict(ARGS, local_facts=dict(options, loaded_version="580.126.20")), capsys, monkeypatch)
+    assert code == 0 and result["changed"] is False and result["action"] == "none"
+    assert facts.stat().st_mtime_ns == stamp
+
+
+def test_local_facts_that_are_not_a_json_object_fail_before_anything_is_changed(paths, capsys, monkeypatch, tmp_path):
+    facts = tmp_path / "gpufleet_driver.fact"
+    facts.write_text("[1, 2]")
+    node = FakeNode(installed=installed_580(), held=set(installed_580()))
+    code, result = run(node, dict(ARGS, local_facts={"path": str(facts)}), capsys, monkeypatch)
+    assert code == 1 and "are not a JSON object (list)" in result["msg"] and "nothing was changed" in result["msg"]
+    assert not [c for c in node.calls if c[0] in ("apt-get", "dpkg-query")]
+    assert node.installed == installed_580()
+
+
+def test_services_are_enabled_where_their_units_are_installed(paths, capsys, monkeypatch, tmp_path):
+    units = tmp_path / "units"
+    units.mkdir()
+    (units / "nvidia-persistenced.service").write_text("[Unit]\n")
+    monkeypatch.setattr(driver_transaction, "UNIT_DIR", str(units))
+    node = FakeNode(installed={n: "620.82.01-1" for n in DEB if n != "nvidia-kernel-dkms"},
+                    held={n for n in DEB if n != "nvidia-kernel-dkms"}, module_version="620.82.01")
+    args = dict(ARGS, enable_services=True)
+    code, result = run(node, args, capsys, monkeypatch, check=True)
+    assert code == 0 and result["services"] == {"nvidia-persistenced": "would_enable"}, result
+    assert node.enabled == set()
+    code, result = run(node, args, capsys, monkeypatch)
+    assert code == 0, result
+    assert result["services"]["nvidia-persistenced"] == "enabled_now" and node.enabled == {"nvidia-persistenced"}
+    assert result["changed"] is True
+    code, result = run(node, args, capsys, monkeypatch)
+    assert result["services"]["nvidia-persistenced"] == "enabled" and result["changed"] is False, result
+    (units / "nvidia-persistenced.service").unlink()
+    code, result = run(node, args, capsys, monkeypatch)
+    assert result["services"] == {"nvidia-persistenced": "absent"}
