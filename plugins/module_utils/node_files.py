@@ -8,9 +8,10 @@ Compatible with Python 3.7; standard library only (and the module's ``check_mode
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Tuple
 
 
 def read_text(path: str) -> Optional[str]:
@@ -20,6 +21,25 @@ def read_text(path: str) -> Optional[str]:
             return handle.read()
     except (IOError, OSError, UnicodeDecodeError):
         return None
+
+
+def read_json_object(path: str) -> Tuple[Optional[Dict[str, Any]], Optional[str]]:
+    """A JSON object file: ``(content, None)``, ``({}, None)`` when there is no such file, or ``(None, why)``.
+
+    ``why`` names what is wrong (not JSON, not an object, not readable), never the content.
+    """
+    if not os.path.lexists(path):
+        return {}, None
+    text = read_text(path)
+    if text is None:
+        return None, "cannot be read as UTF-8 text"
+    try:
+        content = json.loads(text)
+    except ValueError as exc:
+        return None, "not JSON: %s" % exc
+    if not isinstance(content, dict):
+        return None, "not a JSON object (%s)" % type(content).__name__
+    return content, None
 
 
 def write_file(module: Any, path: str, content: str, mode: int = 0o644, directory_mode: Optional[int] = None) -> bool:

@@ -182,7 +182,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import apt_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_local_facts
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_files import read_text, write_file
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_files import read_json_object, read_text, write_file
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_failures
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_packages import (
@@ -360,17 +360,10 @@ UNIT_DIR = "/usr/lib/systemd/system"
 
 def read_local_facts(module, path):
     """The local facts file as a dict (``{}`` when absent); fails the module, naming it, when it is not a JSON object."""
-    text = read_text(path)
-    if text is None:
-        return {}
-    try:
-        content = json.loads(text)
-    except ValueError as exc:
-        content = exc
-    if not isinstance(content, dict):
-        module.fail_json(msg="the driver's local facts %s are not a JSON object (%s): move the file away and run "
-                             "again; nothing was changed" % (path, content if isinstance(content, ValueError)
-                                                             else type(content).__name__))
+    content, why = read_json_object(path)
+    if content is None:
+        module.fail_json(msg="the driver's local facts %s are %s: move the file away and run again; nothing was "
+                             "changed" % (path, why))
     return content
 
 
