@@ -11,8 +11,9 @@ Usage (as root, from the repository root, with the project's virtualenv Python):
    ``[1, "100%"]``).
 2. A real rollout on the simulated fleet: ``--nodes`` nodes (classes h100, a100, l40s, v100 in
    turn) are brought up as fleet ``bench-rollout``, put on the baseline driver 580.126.20 by the
-   driver role (timed apart), then ``playbooks/rollout.yml -e driver_branch=ltsb`` runs with one
-   golden node, two canaries, the default waves and no soak time. The controller's wall time and
+   driver role (timed apart: its wall time and controller CPU per node), then
+   ``playbooks/rollout.yml -e driver_branch=ltsb`` runs with one golden node, two canaries, the
+   default waves and no soak time. The controller's wall time and
    CPU time (``ansible-playbook`` and every process it forked, from ``os.wait4``) are divided by
    the number of nodes; the per-node phase durations come from the rollout report, the tasks per
    node from the run's log (:func:`tasks_per_node`). The fleet is taken down afterwards.
@@ -153,6 +154,7 @@ def real_rollout(nodes, ports, workdir):
             "status": report["status"],
             "summary": report["summary"],
             "baseline_wall_s": round(base_wall, 1),
+            "baseline_controller_cpu_s_per_node": round(base_cpu / nodes, 2),
             "rollout_wall_s": round(wall, 1),
             "rollout_controller_cpu_s": round(cpu, 1),
             "wall_s_per_node": round(wall / nodes, 2),
