@@ -20,6 +20,10 @@ description:
     exclusive C(flock) on the state directory, through a temporary file and C(rename). When another controller
     took the lock in between, RV(acquired) is V(false) and nothing is written.
   - O(state=release) removes the lock when it holds O(run_id) (or O(force)); another run's lock is left in place.
+    With O(close) it first writes that state file (the snapshot that closes the node's transaction), so that
+    both are one module run.
+  - O(state=write) writes O(content) as JSON to O(path) (a state file such as the snapshot), root-owned, mode
+    0600, through a temporary file and C(rename), when it differs.
   - The decision whether a run may take a held lock (dead or stale holder, O(force)) is the controller's
     (the C(gpufleet.nvidia.rollout_lock) filter); this module makes the taking atomic.
 options:
@@ -35,10 +39,19 @@ options:
     type: dict
   state:
     description:
-      - V(read), V(acquire) or V(release).
+      - V(read), V(acquire), V(release) or V(write).
     type: str
-    choices: [read, acquire, release]
+    choices: [read, acquire, release, write]
     default: read
+  content:
+    description:
+      - With O(state=write), the JSON object to write to O(path).
+    type: dict
+  close:
+    description:
+      - With O(state=release), a state file to write first, C(path) and C(content) (a JSON object) as for
+        O(state=write).
+    type: dict
   lock:
     description:
       - The lock to write with O(state=acquire) (C(rollout_id), C(run_id), C(controller), C(pid), C(acquired_at)).
@@ -62,7 +75,8 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    details: O(state=read) runs; O(state=acquire) and O(state=release) report what they would do and write nothing.
+    details: O(state=read) runs; O(state=acquire), O(state=release) and O(state=write) report what they would do and
+      write nothing.
   diff_mode:
     support: none
   platform:
@@ -136,15 +150,27 @@ found:
   description: The lock found (or written).
   type: dict
   returned: state is acquire or release
+written:
+  description: Whether the file of O(state=write), or O(close), was (in check mode, would be) written.
+  type: bool
+  returned: state is write, or release with close
 reason:
   description: Why the lock was not taken or not released, or null.
   type: str
   returned: state is acquire or release
 """
 
+import json
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_files import write_file
+
+
+def write_state(module, path, content):
+    """Write a state file (JSON, the form ``to_nice_json`` gives, mode 0600) when it differs; whether it did."""
+    return write_file(module, path, json.dumps(content, indent=4, sort_keys=True) + "\n", 0o600)
 
 
 def main():
@@ -152,13 +178,17 @@ def main():
         argument_spec=dict(
             path=dict(type="path"),
             files=dict(type="dict"),
-            state=dict(type="str", choices=["read", "acquire", "release"], default="read"),
+            state=dict(type="str", choices=["read", "acquire", "release", "write"], default="read"),
+            content=dict(type="dict"),
+            close=dict(type="dict", options=dict(path=dict(type="path", required=True),
+                                                 content=dict(type="dict", required=True))),
             lock=dict(type="dict"),
             expect=dict(type="str", default=""),
             run_id=dict(type="str"),
             force=dict(type="bool", default=False),
         ),
-        required_if=[("state", "acquire", ["lock", "path"]), ("state", "release", ["run_id", "path"])],
+        required_if=[("state", "acquire", ["lock", "path"]), ("state", "release", ["run_id", "path"]),
+                     ("state", "write", ["content", "path"])],
         required_one_of=[("path", "files")],
         mutually_exclusive=[("path", "files")],
         supports_check_mode=True,
@@ -170,15 +200,27 @@ def main():
             module.exit_json(changed=False, files=node_lock.read_states(files), boot_id=node_lock.read_boot_id())
         if state == "read":
             module.exit_json(changed=False, **node_lock.read_state(path))
+        if state == "write":
+            written = write_state(module, path, module.params["content"])
+            module.exit_json(changed=written, written=written)
+        close = module.params["close"]
         if module.check_mode:
             module.exit_json(changed=False, acquired=state == "acquire", released=state == "release", found=None,
                              reason="check mode: nothing written")
+        written = None
+        if state == "release" and close:
+            try:
+                written = write_state(module, close["path"], close["content"])
+            except OSError as exc:
+                module.fail_json(msg="%s: %s (the lock is still held)" % (close["path"], exc))
         if state == "acquire":
             result = node_lock.acquire(path, module.params["lock"], module.params["expect"] or None)
         else:
             result = node_lock.release(path, module.params["run_id"], module.params["force"])
     except OSError as exc:
         module.fail_json(msg="%s: %s" % (path, exc))
+    if written is not None:
+        result = dict(result, written=written, changed=bool(result.get("changed") or written))
     module.exit_json(**result)
 
 

@@ -36,3 +36,31 @@ def test_path_and_files_together_are_refused(tmp_path, capsys):
     assert code == 1 and "mutually exclusive" in result["msg"]
     code, result = run_module({"state": "release", "run_id": "r", "files": {"lock": str(tmp_path / "x")}}, capsys)
     assert code == 1 and "path" in result["msg"]
+
+
+def test_a_state_file_is_written_once_and_the_snapshot_closed_before_the_lock_goes(tmp_path, capsys):
+    snapshot = tmp_path / "snapshot.json"
+    content = {"rollout_id": "driver-ltsb", "run_id": "ctl-1-1", "boot_id": "b1", "facts": {"gpu_count": 8},
+               "benchmark": None, "trace": {"csv": "t,sm_mhz\n0,1980\n"}}
+    code, result = run_module({"state": "write", "path": str(snapshot), "content": content,
+                               "_ansible_check_mode": True}, capsys)
+    assert code == 0 and result["changed"] is True and not snapshot.exists()
+    code, result = run_module({"state": "write", "path": str(snapshot), "content": content}, capsys)
+    assert code == 0 and result["written"] is True and json.loads(snapshot.read_text()) == content
+    assert oct(snapshot.stat().st_mode & 0o777) == "0o600"
+    code, result = run_module({"state": "write", "path": str(snapshot), "content": content}, capsys)
+    assert result["changed"] is False  # the same content: not written again
+
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"rollout_id": "driver-ltsb", "run_id": "ctl-1-1"}))
+    closed = dict(content, completed=True, result="upgraded")
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "ctl-1-1",
+                               "close": {"path": str(snapshot), "content": closed}}, capsys)
+    assert code == 0 and result["released"] is True and result["written"] is True and result["changed"] is True
+    assert not lock.exists() and json.loads(snapshot.read_text())["completed"] is True
+    # Another run's lock stays, but this run's snapshot is still closed.
+    lock.write_text(json.dumps({"rollout_id": "driver-ltsb", "run_id": "other-2-2"}))
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "ctl-1-1",
+                               "close": {"path": str(snapshot), "content": dict(closed, result="failed")}}, capsys)
+    assert code == 0 and result["released"] is False and lock.exists()
+    assert json.loads(snapshot.read_text())["result"] == "failed"
