@@ -49,9 +49,17 @@ options:
     type: dict
   close:
     description:
-      - With O(state=release), a state file to write first, C(path) and C(content) (a JSON object) as for
-        O(state=write).
+      - With O(state=release), a state file to write first, as O(state=write) writes it.
     type: dict
+    suboptions:
+      path:
+        description: The state file.
+        type: path
+        required: true
+      content:
+        description: The JSON object to write.
+        type: dict
+        required: true
   lock:
     description:
       - The lock to write with O(state=acquire) (C(rollout_id), C(run_id), C(controller), C(pid), C(acquired_at)).
