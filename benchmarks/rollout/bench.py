@@ -101,6 +101,19 @@ def tasks_per_node(log):
     return counts
 
 
+def machine():
+    """The machine a benchmark ran on: Python version, CPUs, platform."""
+    return {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()}
+
+
+def write_results(results, path):
+    """Write ``results`` as JSON to ``path`` and print them."""
+    with open(path, "w") as out:
+        json.dump(results, out, indent=1, sort_keys=True)
+        out.write("\n")
+    print(json.dumps(results, indent=1, sort_keys=True))
+
+
 def run(argv, env, cwd=None, log=None):
     start = time.perf_counter()
     with open(log or os.devnull, "w") as out:
@@ -177,19 +190,14 @@ def main():
     parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
     parser.add_argument("--schedule-only", action="store_true")
     args = parser.parse_args()
-    results = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
-                           "platform": platform.platform()},
-               "schedule": schedule_table()}
+    results = {"machine": machine(), "schedule": schedule_table()}
     if not args.schedule_only:
         workdir = tempfile.mkdtemp(prefix="rollout-bench-")
         try:
             results["rollout"] = real_rollout(args.nodes, args.ports, workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-    with open(args.out, "w") as out:
-        json.dump(results, out, indent=1, sort_keys=True)
-        out.write("\n")
-    print(json.dumps(results, indent=1, sort_keys=True))
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":

@@ -20,12 +20,12 @@ Writes the results as JSON (default ``benchmarks/rollout/task_cost.json``) and p
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
+
+from bench import machine, write_results  # the rollout benchmark beside this file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
@@ -86,7 +86,7 @@ def main():
         per_task = dict((kind, round((min(values) - empty) / host_tasks, 4)) for kind, values in runs.items()
                         if kind != "empty")
         results = {
-            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+            "machine": machine(),
             "nodes": args.nodes, "tasks": args.tasks, "runs": args.runs,
             "empty_playbook_cpu_s": round(empty, 2),
             "cpu_s_per_task_and_host": per_task,
@@ -96,10 +96,7 @@ def main():
         }
     finally:
         fleet.down(purge=True)
-    with open(args.out, "w") as out:
-        json.dump(results, out, indent=1, sort_keys=True)
-        out.write("\n")
-    print(json.dumps(results, indent=1, sort_keys=True))
+    write_results(results, args.out)
 
 
 if __name__ == "__main__":
