@@ -46,12 +46,18 @@ class ActionModule(ValidatedAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def _module(self, name, args, task_vars, what, warnings):
-        """Run one module on the node; its warnings join ``warnings``; a failure fails the action naming it."""
+        """Run one module on the node; its warnings join ``warnings``.
+
+        :param what: what the run is for; a failure then fails the action naming it and the module.
+            ``None``: a failure is returned (its ``failed`` and ``msg``), not raised.
+        :returns: the module's result, without its ``warnings`` and Ansible's internal keys.
+        """
         result = self._execute_module(module_name=name, module_args=args, task_vars=task_vars)
         warnings.extend(str(warning) for warning in result.get("warnings") or [])
-        if result.get("failed"):
+        if result.get("failed") and what is not None:
             raise AnsibleActionFail("%s (%s): %s" % (what, name, result.get("msg") or "failed"))
-        return result
+        return dict((key, value) for key, value in result.items()
+                    if not key.startswith("_ansible") and key != "warnings")
 
     def run(self, tmp=None, task_vars=None):
         """Read the node and decide (the options and the result are in ``plugins/modules/node_preflight.py``).
@@ -122,10 +128,6 @@ class ActionModule(ValidatedAction):
                            if not (key in _EMPTY_MEANS_UNSET and value in (None, "")))
         module_args.update(gpus=list((facts or {}).get("gpus") or []), distribution=distribution)
         try:
-            resolved = self._execute_module(module_name="gpufleet.nvidia.driver_resolve", module_args=module_args,
-                                            task_vars=task_vars)
+            return self._module("gpufleet.nvidia.driver_resolve", module_args, task_vars, None, warnings)
         finally:
             self._remove_tmp_path(self._connection._shell.tmpdir)
-        warnings.extend(str(warning) for warning in resolved.get("warnings") or [])
-        return dict((key, value) for key, value in resolved.items()
-                    if not key.startswith("_ansible") and key != "warnings")
