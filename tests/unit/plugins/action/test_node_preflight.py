@@ -180,3 +180,28 @@ def test_action_without_resolve_only_reads_and_a_failing_module_fails_it_by_name
     plugin, _calls = action(dict(ARGS, drain="sometimes"), answers)
     with pytest.raises(AnsibleActionFail, match="drain"):
         plugin.run(task_vars=known)
+
+
+def test_field_case_36_a_node_cordoned_by_someone_else_is_refused_and_stays_not_ours():
+    # Field case 36 (gpu-operator #2820): a node cordoned before the rollout, with no drain record of
+    # ours, is not upgraded unless asked, and is not returned to service by the rollout.
+    drain = node_preflight.scheduler("kubernetes", "true", {})
+    assert drain["sched"]["out_of_service"] is True and drain["drain_owned"] is False
+    decision = node_preflight.decide(facts(), RESOLVED, node_preflight.parse_state_files(files()), LOCK_OK,
+                                     drain["sched"], dict(OPTIONS, drain="kubernetes"))
+    assert decision["preflight"]["action"] == "refuse" and "drained_by_others" in decision["preflight"]["flags"]
+    # A cordon this collection made (its drain record) is its own to undo.
+    assert node_preflight.scheduler("kubernetes", "true", {"rollout_id": "driver-ltsb"})["drain_owned"] is True
+
+
+def test_extra_vars_given_as_strings_are_converted_and_bad_ones_named():
+    answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
+               "gpufleet.nvidia.node_lock": files(lock={"run_id": "other-1", "controller": "ctl", "pid": 1})}
+    known = {"ansible_facts": {"distribution": "Debian", "kernel": "6.1.0-25-amd64"}}
+    # lock_stale_s "0" (never stale) and lock_break "true" as -e gives them: the lock is broken.
+    plugin, _calls = action(dict(ARGS, lock_stale_s="0", lock_break="true", ignore_xids=["79"]), answers)
+    result = plugin.run(task_vars=known)
+    assert result["lock"]["ok"] is True and result["lock"]["takeover"] is True
+    plugin, _calls = action(dict(ARGS, lock_stale_s="six hours"), answers)
+    with pytest.raises(AnsibleActionFail, match="node_preflight: .*lock_stale_s"):
+        plugin.run(task_vars=known)
