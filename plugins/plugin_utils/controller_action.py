@@ -38,3 +38,32 @@ class ControllerAction(ValidatedAction):
     """An action that runs on the controller only, needing no connection to its host."""
 
     _requires_connection = False
+
+
+class NodeAction(ValidatedAction):
+    """An action that runs the collection's modules on its node, several in one task.
+
+    Each task costs the controller the same (the play iterator, the host's variables, a worker
+    process) whatever it does; one action that runs several modules pays that once.
+    """
+
+    def _module(self, name, args, task_vars, what, warnings):
+        """Run one module on the node; its warnings join ``warnings``.
+
+        :param name: the module's FQCN (``gpufleet.nvidia.gpu_facts``).
+        :param args: its arguments (a dict).
+        :param what: what the run is for; a failure then raises naming it and the module.
+            ``None``: a failure is returned (its ``failed`` and ``msg``), not raised.
+        :returns: the module's result, without its ``warnings`` and Ansible's internal keys.
+        :raises AnsibleActionFail: ``"<what> (<name>): <the module's msg>"`` when the module failed
+            and ``what`` is given.
+        """
+        try:
+            result = self._execute_module(module_name=name, module_args=args, task_vars=task_vars)
+        finally:
+            self._remove_tmp_path(self._connection._shell.tmpdir)
+        warnings.extend(str(warning) for warning in result.get("warnings") or [])
+        if result.get("failed") and what is not None:
+            raise AnsibleActionFail("%s (%s): %s" % (what, name, result.get("msg") or "failed"))
+        return dict((key, value) for key, value in result.items()
+                    if not key.startswith("_ansible") and key != "warnings")
