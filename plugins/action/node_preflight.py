@@ -16,7 +16,7 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import node_preflight, rollout_verdict, run_lease
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ValidatedAction
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction
 
 ARGUMENT_SPEC = {
     "files": {"type": "dict", "required": True},
@@ -33,31 +33,28 @@ ARGUMENT_SPEC = {
     "allow_fatal_xids": {"type": "bool", "default": False},
     "allow_os_reboot_required": {"type": "bool", "default": False},
     "allow_drained": {"type": "bool", "default": False},
+    "take_lock": {"type": "bool", "default": False},
+    "drain_record": {"type": "dict", "options": {
+        "path": {"type": "str", "required": True},
+        "reason": {"type": "str"},
+    }},
 }
+
+#: The facts the rollout reads besides ``nvidia`` (the distribution for the driver's packages, the
+#: kernel and package manager for the kernel hold): every fact kept is copied for every task of
+#: the host, so the rest of ``min`` is left out.
+_FACTS_KEPT = ("ansible_distribution*", "ansible_kernel", "ansible_pkg_mgr", "ansible_os_family",
+               "ansible_architecture", "ansible_nodename", "ansible_service_mgr")
 
 #: driver_resolve's options that mean "not given" when empty (the role passes them as "").
 _EMPTY_MEANS_UNSET = ("version", "today")
 
 
-class ActionModule(ValidatedAction):
+class ActionModule(NodeAction):
     """Read the GPUs, the node's state files, its lock holder and (with ``resolve``) the driver it gets; decide."""
 
     NAME = "node_preflight"
     ARGUMENT_SPEC = ARGUMENT_SPEC
-
-    def _module(self, name, args, task_vars, what, warnings):
-        """Run one module on the node; its warnings join ``warnings``.
-
-        :param what: what the run is for; a failure then fails the action naming it and the module.
-            ``None``: a failure is returned (its ``failed`` and ``msg``), not raised.
-        :returns: the module's result, without its ``warnings`` and Ansible's internal keys.
-        """
-        result = self._execute_module(module_name=name, module_args=args, task_vars=task_vars)
-        warnings.extend(str(warning) for warning in result.get("warnings") or [])
-        if result.get("failed") and what is not None:
-            raise AnsibleActionFail("%s (%s): %s" % (what, name, result.get("msg") or "failed"))
-        return dict((key, value) for key, value in result.items()
-                    if not key.startswith("_ansible") and key != "warnings")
 
     def run(self, tmp=None, task_vars=None):
         """Read the node and decide (the options and the result are in ``plugins/modules/node_preflight.py``).
@@ -72,22 +69,20 @@ class ActionModule(ValidatedAction):
         task_vars = task_vars or {}
         args = self.validated_args()
         warnings = []
-        try:
-            known = dict(task_vars.get("ansible_facts") or {})
-            new_facts = {}
-            if "distribution" not in known or "kernel" not in known:
-                gathered = self._module("ansible.builtin.setup", {"gather_subset": ["min"]}, task_vars,
-                                        "gather the facts the driver resolution needs", warnings)
-                new_facts.update(gathered.get("ansible_facts") or {})
-                known.update((key[8:] if key.startswith("ansible_") else key, value)
-                             for key, value in (gathered.get("ansible_facts") or {}).items())
-            gpu = self._module("gpufleet.nvidia.gpu_facts", {}, task_vars, "read the driver and GPU state", warnings)
-            facts = (gpu.get("ansible_facts") or {}).get("nvidia")
-            new_facts["nvidia"] = facts
-            read = self._module("gpufleet.nvidia.node_lock", {"files": args["files"]}, task_vars,
-                                "read the node's state files", warnings)
-        finally:
-            self._remove_tmp_path(self._connection._shell.tmpdir)
+        known = dict(task_vars.get("ansible_facts") or {})
+        new_facts = {}
+        if "distribution" not in known or "kernel" not in known:
+            gathered = self._module("ansible.builtin.setup", {"gather_subset": ["min"], "filter": list(_FACTS_KEPT)},
+                                    task_vars,
+                                    "gather the facts the driver resolution needs", warnings)
+            new_facts.update(gathered.get("ansible_facts") or {})
+            known.update((key[8:] if key.startswith("ansible_") else key, value)
+                         for key, value in (gathered.get("ansible_facts") or {}).items())
+        gpu = self._module("gpufleet.nvidia.gpu_facts", {}, task_vars, "read the driver and GPU state", warnings)
+        facts = (gpu.get("ansible_facts") or {}).get("nvidia")
+        new_facts["nvidia"] = facts
+        read = self._module("gpufleet.nvidia.node_lock", {"files": args["files"]}, task_vars,
+                            "read the node's state files", warnings)
         state = node_preflight.parse_state_files(read)
         warnings.extend(state["warnings"])
         try:
@@ -112,10 +107,58 @@ class ActionModule(ValidatedAction):
             result["resolve"] = self._resolve(args["resolve"], known, facts, task_vars, warnings)
             result["decision"] = node_preflight.decide(
                 facts, result["resolve"], state, lock, drain["sched"], args)
+        result["marks"] = {"started": time.time()}
+        result["lock_taken"] = None
+        result["drain_recorded"] = False
+        if args["take_lock"] and args["resolve"] is not None and not self._task.check_mode:
+            self._take(args, result, state, task_vars, warnings)
         if warnings:
             host = task_vars.get("inventory_hostname") or "?"
             result["warnings"] = ["%s: %s" % (host, warning) for warning in warnings]
         return result
+
+    def _take(self, args, result, state, task_vars, warnings):
+        """Take the lock of a node that is upgraded (or whose left-over lock is released), then record
+        that this rollout drains it (before the drain: a node cut off meanwhile stays ours).
+
+        The lock is taken by compare-and-swap: only if the lock file is still what was read. When
+        another controller took it in between, the lock and an upgrade become refusals that name
+        the holder, and nothing is written. The drain record keeps who drained the node first.
+        """
+        decision = result["decision"]
+        preflight = decision["preflight"]
+        if preflight["action"] != "upgrade" and not decision["left"].get("left_lock"):
+            return
+        taken = self._module("gpufleet.nvidia.node_lock", {
+            "path": args["files"]["lock"], "state": "acquire", "lock": result["lock"]["lock"],
+            "expect": state["lock_identity"]}, task_vars, "take the node's rollout lock", warnings)
+        result["lock_taken"] = bool(taken.get("acquired"))
+        result["changed"] = result["lock_taken"]
+        if not result["lock_taken"]:
+            refused = dict(result["lock"], ok=False, reasons=[taken.get("reason")], flags=["locked"])
+            result["lock"] = refused
+            if preflight["action"] == "upgrade":
+                decision["preflight"] = dict(preflight, ok=False, action="refuse",
+                                             reasons=refused["reasons"] + list(preflight["reasons"]),
+                                             flags=refused["flags"] + list(preflight["flags"]))
+            return
+        if preflight["action"] != "upgrade" or decision["staged"]:
+            return
+        if args["drain"] == "none":
+            # No scheduler: the node is out of service once it is this rollout's.
+            result["marks"]["drained"] = time.time()
+        record = args["drain_record"]
+        if not result["drain_owned"] or record is None:
+            return
+        before = state["drain_record"] if isinstance(state["drain_record"], dict) else {}
+        backend = args["drain"]
+        self._module("gpufleet.nvidia.node_lock", {"state": "write", "path": record["path"], "content": {
+            "backend": backend, "rollout_id": args["rollout_id"], "run_id": args["owner"].get("run_id"),
+            "reason": record["reason"] if backend in ("slurm", "slurm_reboot") else None,
+            "drained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "first_drained_by": before.get("first_drained_by") or before.get("rollout_id") or args["rollout_id"],
+        }}, task_vars, "record on the node that this rollout drains it", warnings)
+        result["drain_recorded"] = True
 
     def _resolve(self, request, known, facts, task_vars, warnings):
         """driver_resolve's result for this node; a failure is returned (the preflight refuses), not raised."""
@@ -127,7 +170,4 @@ class ActionModule(ValidatedAction):
         module_args = dict((key, value) for key, value in request.items()
                            if not (key in _EMPTY_MEANS_UNSET and value in (None, "")))
         module_args.update(gpus=list((facts or {}).get("gpus") or []), distribution=distribution)
-        try:
-            return self._module("gpufleet.nvidia.driver_resolve", module_args, task_vars, None, warnings)
-        finally:
-            self._remove_tmp_path(self._connection._shell.tmpdir)
+        return self._module("gpufleet.nvidia.driver_resolve", module_args, task_vars, None, warnings)

@@ -205,3 +205,89 @@ def test_extra_vars_given_as_strings_are_converted_and_bad_ones_named():
     plugin, _calls = action(dict(ARGS, lock_stale_s="six hours"), answers)
     with pytest.raises(AnsibleActionFail, match="node_preflight: .*lock_stale_s"):
         plugin.run(task_vars=known)
+
+
+def _answer_lock(reads, acquired=True, reason=None):
+    """node_lock's answers by state: the read, the take (acquired or not, naming the holder), writes."""
+    def answer(module_args):
+        if module_args.get("state") == "acquire":
+            return {"changed": acquired, "acquired": acquired, "reason": reason}
+        if module_args.get("state") == "write":
+            return {"changed": True, "written": True}
+        return reads
+    return answer
+
+
+def action_by_state(args, answers):
+    plugin, calls = action(args, {})
+
+    def execute(module_name=None, module_args=None, task_vars=None, **_kwargs):
+        calls.append((module_name, module_args))
+        found = answers[module_name]
+        return found(module_args) if callable(found) else found
+
+    plugin._execute_module = execute
+    return plugin, calls
+
+
+UPGRADE = dict(ARGS, resolve={"branch": "ltsb"}, take_lock=True,
+               drain_record={"path": "/r", "reason": "gpufleet driver-ltsb: driver rollout"})
+KNOWN = {"ansible_facts": {"distribution": "Debian", "distribution_major_version": "12", "kernel": "6.1.0-25-amd64"},
+         "inventory_hostname": "node03"}
+
+
+def test_an_upgraded_node_has_its_lock_taken_by_compare_and_swap_and_its_drain_recorded_first():
+    # A drain record of an earlier rollout (a rollback left the node drained): the first drainer is kept.
+    reads = files(drain={"backend": "slurm", "rollout_id": "driver-580", "first_drained_by": "driver-575"})
+    answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
+               "gpufleet.nvidia.node_lock": _answer_lock(reads),
+               "gpufleet.nvidia.driver_resolve": RESOLVED}
+    plugin, calls = action_by_state(dict(UPGRADE, drain="slurm", scheduler_output=(
+        "NodeName=node03 State=IDLE+DRAIN Partitions=all Reason=gpufleet_driver-580 [root@t]")), answers)
+    result = plugin.run(task_vars=dict(KNOWN))
+    assert result["decision"]["preflight"]["action"] == "upgrade"
+    assert [(name, a.get("state")) for name, a in calls] == [
+        ("gpufleet.nvidia.gpu_facts", None), ("gpufleet.nvidia.node_lock", None),
+        ("gpufleet.nvidia.driver_resolve", None), ("gpufleet.nvidia.node_lock", "acquire"),
+        ("gpufleet.nvidia.node_lock", "write")]
+    take = calls[3][1]
+    assert take["path"] == "/l" and take["expect"] == ""  # no lock file was found: expect none
+    record = calls[4][1]
+    assert record["path"] == "/r"
+    assert record["content"]["backend"] == "slurm" and record["content"]["run_id"] == "ctl-100-1"
+    assert record["content"]["first_drained_by"] == "driver-575"
+    assert record["content"]["reason"] == "gpufleet driver-ltsb: driver rollout"
+    assert result["lock_taken"] is True and result["drain_recorded"] is True and result["changed"] is True
+    # A scheduler drains the node later (tasks/drain.yml marks it); only "started" is marked here.
+    assert sorted(result["marks"]) == ["started"]
+
+
+def test_a_lock_another_controller_took_first_refuses_the_node_naming_it_and_writes_nothing():
+    answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
+               "gpufleet.nvidia.node_lock": _answer_lock(files(), acquired=False,
+                                                         reason="locked by rollout driver-ltsb run ctl2-7-1 on ctl2"),
+               "gpufleet.nvidia.driver_resolve": RESOLVED}
+    plugin, calls = action_by_state(UPGRADE, answers)
+    result = plugin.run(task_vars=dict(KNOWN))
+    assert [a.get("state") for name, a in calls if name == "gpufleet.nvidia.node_lock"] == [None, "acquire"]
+    assert result["lock_taken"] is False and result["drain_recorded"] is False
+    assert result["lock"]["ok"] is False and result["lock"]["flags"] == ["locked"]
+    preflight = result["decision"]["preflight"]
+    assert preflight["action"] == "refuse" and preflight["flags"][0] == "locked"
+    assert preflight["reasons"][0] == "locked by rollout driver-ltsb run ctl2-7-1 on ctl2"
+
+
+def test_without_a_scheduler_the_drain_is_marked_at_once_and_check_mode_takes_nothing():
+    answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
+               "gpufleet.nvidia.node_lock": _answer_lock(files()),
+               "gpufleet.nvidia.driver_resolve": RESOLVED}
+    plugin, calls = action_by_state(UPGRADE, answers)
+    result = plugin.run(task_vars=dict(KNOWN))
+    assert sorted(result["marks"]) == ["drained", "started"]
+    # No scheduler, no record of a drain to undo: nothing but the lock is written.
+    assert [a.get("state") for name, a in calls if name == "gpufleet.nvidia.node_lock"] == [None, "acquire"]
+    plugin, calls = action_by_state(UPGRADE, answers)
+    plugin._task.check_mode = True
+    result = plugin.run(task_vars=dict(KNOWN))
+    assert result["lock_taken"] is None
+    assert [a.get("state") for name, a in calls if name == "gpufleet.nvidia.node_lock"] == [None]
