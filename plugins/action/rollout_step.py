@@ -13,6 +13,7 @@ import os
 import time
 
 import yaml
+from ansible import constants as C
 from ansible import context
 from ansible.errors import AnsibleActionFail
 
@@ -110,6 +111,30 @@ def plan_nodes(stages, groups, class_prefix, domain_prefix):
             domain = next((g for g in names if domain_prefix and g.startswith(domain_prefix)), None)
             nodes.append({"name": host, "stage": stage, "class": klass, "domain": domain})
     return nodes
+
+
+#: Below this internal_poll_interval (seconds) the free strategy's main loop spins (docs/rollout.md).
+POLL_INTERVAL_MIN = 0.01
+
+
+def poll_interval_warning(interval, nodes):
+    """A warning when ansible.cfg's ``internal_poll_interval`` makes the rollout's plays spin, else ``None``.
+
+    The rollout's plays use the free strategy: each time its main loop wakes it looks for the
+    next task of every host of the play, blocked ones included (ansible-core
+    ``plugins/strategy/free.py``), and it sleeps ``internal_poll_interval`` between rounds.
+    At Ansible's default of 0.001 s that loop, not the tasks, is most of the controller's CPU
+    (benchmarks/rollout/README.md).
+
+    :param interval: the configured value in seconds (``DEFAULT_INTERNAL_POLL_INTERVAL``).
+    :param nodes: the rollout's node count (for the message).
+    """
+    if interval is None or float(interval) >= POLL_INTERVAL_MIN:
+        return None
+    return ("internal_poll_interval is %s s: the rollout's free-strategy plays look for the next task of each "
+            "of up to %d hosts %d times a second, which costs the controller more CPU than the transactions; "
+            "set internal_poll_interval = 0.02 under [defaults] in ansible.cfg (docs/rollout.md)"
+            % (interval, nodes, int(1 / max(float(interval), 1e-6))))
 
 
 ESTIMATES = "drain_estimates.json"
@@ -321,6 +346,9 @@ class ActionModule(ControllerAction):
         if problems:
             raise AnsibleActionFail("rollout refused before any host was touched: %s" % "; ".join(problems))
         result["nodes"] = len(nodes)
+        poll = poll_interval_warning(C.config.get_config_value("DEFAULT_INTERNAL_POLL_INTERVAL"), len(nodes))
+        if poll:
+            result["warnings"] = [poll]
         result["classes"] = rollout_budget.budgets([dict(n, status="pending") for n in nodes], options)
         if self._task.check_mode:
             return result

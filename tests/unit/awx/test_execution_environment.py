@@ -102,6 +102,13 @@ def test_system_packages(context):
     assert repo_step < containerfile.index("RUN /output/scripts/install-from-bindep")
 
 
+def test_the_image_sets_a_poll_interval_at_which_the_rollout_does_not_spin(context):
+    containerfile = (context / "Containerfile").read_text(encoding="utf-8")
+    step = containerfile.index("'internal_poll_interval = 0.02' > /etc/ansible/ansible.cfg")
+    # In the final image, not a build stage.
+    assert step > containerfile.rindex("FROM ")
+
+
 def test_no_python_requirements_beyond_ansible_core(context):
     """Controller-side plugins import nothing outside the standard library but what ansible-core installs
     and the execution environment's own Python requirements.

@@ -102,3 +102,13 @@ def test_drain_estimates_from_squeue_order_the_waves_longest_first(tmp_path):
     assert [n.get("drain_estimate_s") for n in nodes] == [None, 0.0, 10200.0, None]
     order = [n["name"] for n in rollout_budget.start_order(nodes)]
     assert order == ["g1", "w2", "w1", "w3"]
+
+
+def test_a_poll_interval_that_makes_the_free_strategy_spin_is_named_with_the_fix():
+    from ansible_collections.gpufleet.nvidia.plugins.action.rollout_step import poll_interval_warning
+
+    warning = poll_interval_warning(0.001, 16)
+    assert warning.startswith("internal_poll_interval is 0.001 s: ")
+    assert "16 hosts 1000 times a second" in warning and "internal_poll_interval = 0.02" in warning
+    assert poll_interval_warning(0.02, 10000) is None and poll_interval_warning(0.05, 16) is None
+    assert poll_interval_warning(None, 16) is None
