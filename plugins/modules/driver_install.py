@@ -41,22 +41,13 @@ options:
     type: dict
     default: {}
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: full
     details: The modules it runs report what they would change; the signing key is still read.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 author:
   - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.nvidia.node_action
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
 """

@@ -82,22 +82,13 @@ options:
     type: bool
     default: false
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: full
     details: It only reads.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 author:
   - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.nvidia.node_action
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
 """

@@ -94,22 +94,13 @@ options:
     type: dict
     default: {}
 attributes:
-  action:
-    support: full
-  async:
-    support: none
-  bypass_host_loop:
-    support: none
   check_mode:
     support: none
     details: It changes the node; the role runs it outside check mode only.
-  diff_mode:
-    support: none
-  platform:
-    platforms: posix
 author:
   - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:
+  - gpufleet.nvidia.node_action
   - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.flow
 """

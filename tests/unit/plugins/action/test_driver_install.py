@@ -10,15 +10,14 @@ fleet tests and the rollout run the action on the simulated fleet's real apt).
 
 from __future__ import annotations
 
-from unittest import mock
 
 import pytest
 
 from ansible.errors import AnsibleActionFail
-from ansible.playbook.play_context import PlayContext
 
 from ansible_collections.gpufleet.nvidia.plugins.action.driver_install import ActionModule
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts
+from tests.unit.plugins.action.fake_node import node_action
 from tests.unit.plugins.module_utils.test_driver_repository_key import KEY, PRIMARY
 
 DEBIAN = {"distribution": "Debian", "distribution_major_version": "12", "distribution_version": "12.7",
@@ -33,22 +32,7 @@ def nvidia(loaded="580.126.20"):
 
 
 def action(args, answers, check_mode=False):
-    task = mock.MagicMock()
-    task.args = args
-    task.async_val = 0
-    task.check_mode = check_mode
-    connection = mock.MagicMock()
-    connection._shell.tmpdir = None
-    plugin = ActionModule(task, connection, PlayContext(), loader=None, templar=None, shared_loader_obj=None)
-    calls = []
-
-    def execute(module_name=None, module_args=None, task_vars=None, **_kwargs):
-        calls.append((module_name, dict(module_args), plugin._task.check_mode))
-        return answers[module_name]
-
-    plugin._execute_module = execute
-    plugin._remove_tmp_path = lambda *a, **k: None
-    return plugin, calls
+    return node_action(ActionModule, args, answers, check_mode)
 
 
 TRANSACTION = {"changed": True, "resolved": {"version": "620.82.01", "branch": "620"}, "action": "upgrade",

@@ -10,16 +10,14 @@ tests run the action on the simulated fleet).
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 
 from ansible.errors import AnsibleActionFail
-from ansible.playbook.play_context import PlayContext
 
 from ansible_collections.gpufleet.nvidia.plugins.action.node_preflight import ActionModule
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import node_preflight
+from tests.unit.plugins.action.fake_node import node_action
 
 OLD = "580.126.20"
 NEW = "620.82.01"
@@ -115,24 +113,7 @@ def test_a_node_on_target_and_pinned_is_skipped():
 
 
 def action(args, answers, check_mode=False):
-    task = mock.MagicMock()
-    task.args = args
-    task.async_val = 0
-    task.check_mode = check_mode
-    context = PlayContext()
-    context.check_mode = check_mode
-    connection = mock.MagicMock()
-    connection._shell.tmpdir = None
-    plugin = ActionModule(task, connection, context, loader=None, templar=None, shared_loader_obj=None)
-    calls = []
-
-    def execute(module_name=None, module_args=None, task_vars=None, **_kwargs):
-        calls.append((module_name, module_args))
-        return answers[module_name]
-
-    plugin._execute_module = execute
-    plugin._remove_tmp_path = lambda *a, **k: None
-    return plugin, calls
+    return node_action(ActionModule, args, answers, check_mode)
 
 
 ARGS = {"files": {"flag": "/f", "lock": "/l", "snapshot": "/s", "driver": "/d", "drain": "/r", "os_reboot": "/o"},
@@ -149,7 +130,7 @@ def test_action_reads_once_resolves_with_the_facts_it_read_and_decides():
                "gpufleet.nvidia.driver_resolve": dict(RESOLVED, changed=False, _ansible_no_log=False)}
     plugin, calls = action(dict(ARGS, resolve={"branch": "ltsb", "version": "", "today": ""}), answers)
     result = plugin.run(task_vars={"ansible_facts": {}})
-    assert [name for name, _args in calls] == [
+    assert [name for name, _args, _check in calls] == [
         "ansible.builtin.setup", "gpufleet.nvidia.gpu_facts", "gpufleet.nvidia.node_lock", "gpufleet.nvidia.driver_resolve"]
     resolve_args = calls[3][1]
     assert resolve_args["distribution"] == "debian12" and len(resolve_args["gpus"]) == 2
@@ -169,7 +150,7 @@ def test_action_without_resolve_only_reads_and_a_failing_module_fails_it_by_name
     known = {"ansible_facts": {"distribution": "Debian", "kernel": "6.1.0-25-amd64"}, "inventory_hostname": "node07"}
     plugin, calls = action(dict(ARGS), answers)
     result = plugin.run(task_vars=known)
-    assert [name for name, _args in calls] == ["gpufleet.nvidia.gpu_facts", "gpufleet.nvidia.node_lock"]
+    assert [name for name, _args, _check in calls] == ["gpufleet.nvidia.gpu_facts", "gpufleet.nvidia.node_lock"]
     assert "decision" not in result and result["lock"]["ok"] is True and result["probe"] is None
     # The modules' warnings are passed on, each warning names the node.
     assert result["warnings"] == ["node07: kernel log unreadable", "node07: drain.json is not JSON: ignored"]
@@ -218,18 +199,6 @@ def _answer_lock(reads, acquired=True, reason=None):
     return answer
 
 
-def action_by_state(args, answers):
-    plugin, calls = action(args, {})
-
-    def execute(module_name=None, module_args=None, task_vars=None, **_kwargs):
-        calls.append((module_name, module_args))
-        found = answers[module_name]
-        return found(module_args) if callable(found) else found
-
-    plugin._execute_module = execute
-    return plugin, calls
-
-
 UPGRADE = dict(ARGS, resolve={"branch": "ltsb"}, take_lock=True,
                drain_record={"path": "/r", "reason": "gpufleet driver-ltsb: driver rollout"})
 KNOWN = {"ansible_facts": {"distribution": "Debian", "distribution_major_version": "12", "kernel": "6.1.0-25-amd64"},
@@ -242,11 +211,11 @@ def test_an_upgraded_node_has_its_lock_taken_by_compare_and_swap_and_its_drain_r
     answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
                "gpufleet.nvidia.node_lock": _answer_lock(reads),
                "gpufleet.nvidia.driver_resolve": RESOLVED}
-    plugin, calls = action_by_state(dict(UPGRADE, drain="slurm", scheduler_output=(
+    plugin, calls = action(dict(UPGRADE, drain="slurm", scheduler_output=(
         "NodeName=node03 State=IDLE+DRAIN Partitions=all Reason=gpufleet_driver-580 [root@t]")), answers)
     result = plugin.run(task_vars=dict(KNOWN))
     assert result["decision"]["preflight"]["action"] == "upgrade"
-    assert [(name, a.get("state")) for name, a in calls] == [
+    assert [(name, a.get("state")) for name, a, _check in calls] == [
         ("gpufleet.nvidia.gpu_facts", None), ("gpufleet.nvidia.node_lock", None),
         ("gpufleet.nvidia.driver_resolve", None), ("gpufleet.nvidia.node_lock", "acquire"),
         ("gpufleet.nvidia.node_lock", "write")]
@@ -267,9 +236,9 @@ def test_a_lock_another_controller_took_first_refuses_the_node_naming_it_and_wri
                "gpufleet.nvidia.node_lock": _answer_lock(files(), acquired=False,
                                                          reason="locked by rollout driver-ltsb run ctl2-7-1 on ctl2"),
                "gpufleet.nvidia.driver_resolve": RESOLVED}
-    plugin, calls = action_by_state(UPGRADE, answers)
+    plugin, calls = action(UPGRADE, answers)
     result = plugin.run(task_vars=dict(KNOWN))
-    assert [a.get("state") for name, a in calls if name == "gpufleet.nvidia.node_lock"] == [None, "acquire"]
+    assert [a.get("state") for name, a, _check in calls if name == "gpufleet.nvidia.node_lock"] == [None, "acquire"]
     assert result["lock_taken"] is False and result["drain_recorded"] is False
     assert result["lock"]["ok"] is False and result["lock"]["flags"] == ["locked"]
     preflight = result["decision"]["preflight"]
@@ -281,13 +250,13 @@ def test_without_a_scheduler_the_drain_is_marked_at_once_and_check_mode_takes_no
     answers = {"gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
                "gpufleet.nvidia.node_lock": _answer_lock(files()),
                "gpufleet.nvidia.driver_resolve": RESOLVED}
-    plugin, calls = action_by_state(UPGRADE, answers)
+    plugin, calls = action(UPGRADE, answers)
     result = plugin.run(task_vars=dict(KNOWN))
     assert sorted(result["marks"]) == ["drained", "started"]
     # No scheduler, no record of a drain to undo: nothing but the lock is written.
-    assert [a.get("state") for name, a in calls if name == "gpufleet.nvidia.node_lock"] == [None, "acquire"]
-    plugin, calls = action_by_state(UPGRADE, answers)
+    assert [a.get("state") for name, a, _check in calls if name == "gpufleet.nvidia.node_lock"] == [None, "acquire"]
+    plugin, calls = action(UPGRADE, answers)
     plugin._task.check_mode = True
     result = plugin.run(task_vars=dict(KNOWN))
     assert result["lock_taken"] is None
-    assert [a.get("state") for name, a in calls if name == "gpufleet.nvidia.node_lock"] == [None]
+    assert [a.get("state") for name, a, _check in calls if name == "gpufleet.nvidia.node_lock"] == [None]

@@ -18,10 +18,10 @@ from unittest import mock
 import pytest
 
 from ansible.errors import AnsibleActionFail
-from ansible.playbook.play_context import PlayContext
 
 from ansible_collections.gpufleet.nvidia.plugins.action.node_transaction import ActionModule
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
+from tests.unit.plugins.action.fake_node import node_action
 
 OLD = "580.126.20"
 NEW = "620.82.01"
@@ -41,24 +41,7 @@ def facts(version=OLD, gpus=2):
 
 
 def action(args, answers, check_mode=False):
-    task = mock.MagicMock()
-    task.args = args
-    task.async_val = 0
-    task.check_mode = check_mode
-    context = PlayContext()
-    connection = mock.MagicMock()
-    connection._shell.tmpdir = None
-    plugin = ActionModule(task, connection, context, loader=None, templar=None, shared_loader_obj=None)
-    calls = []
-
-    def execute(module_name=None, module_args=None, task_vars=None, **_kwargs):
-        calls.append((module_name, module_args))
-        found = answers[module_name]
-        return found(module_args) if callable(found) else found
-
-    plugin._execute_module = execute
-    plugin._remove_tmp_path = lambda *a, **k: None
-    return plugin, calls
+    return node_action(ActionModule, args, answers, check_mode)
 
 
 BASE = {"rollout_id": "driver-ltsb", "run_id": "ctl-100-1", "stage": "waves", "target": NEW}
@@ -74,7 +57,7 @@ def test_snapshot_traces_saves_and_marks_and_an_interrupted_attempt_keeps_its_ow
                 trace={"enabled": True, "duration_s": 3, "interval_s": 0.5})
     plugin, calls = action(args, answers)
     result = plugin.run(task_vars={"ansible_facts": {"nvidia": facts()}})
-    assert [name for name, _a in calls] == ["gpufleet.nvidia.gpu_trace", "gpufleet.nvidia.node_lock"]
+    assert [name for name, _a, _c in calls] == ["gpufleet.nvidia.gpu_trace", "gpufleet.nvidia.node_lock"]
     assert calls[0][1] == {"duration_s": 3.0, "interval_s": 0.5}
     saved = calls[1][1]
     assert saved["state"] == "write" and saved["path"] == "/var/lib/gpufleet/rollout/snapshot.json"
@@ -103,7 +86,7 @@ def test_a_failing_benchmark_fails_the_snapshot_and_a_trace_without_a_driver_is_
                                                       "gpufleet.nvidia.node_lock": {"changed": True}})
     result = plugin.run(task_vars={})
     assert not result.get("failed") and result["tx"]["snapshot"]["trace"] is None
-    assert [name for name, _a in calls] == ["gpufleet.nvidia.gpu_trace", "gpufleet.nvidia.node_lock"]
+    assert [name for name, _a, _c in calls] == ["gpufleet.nvidia.gpu_trace", "gpufleet.nvidia.node_lock"]
 
 
 def _tail_answers(after, known_good_failed=False):
@@ -128,7 +111,7 @@ def test_the_tail_verifies_checks_holds_the_kernel_and_marks_known_good_in_one_t
     result = plugin.run(task_vars={"inventory_hostname": "node05"})
     # The phases run in their own order, whatever the order asked.
     # The driver state the verification read is the one recorded: the GPUs are read once.
-    assert [name for name, _a in calls] == [
+    assert [name for name, _a, _c in calls] == [
         "gpufleet.nvidia.gpu_facts", "ansible.builtin.slurp", "gpufleet.nvidia.gpu_trace",
         "gpufleet.nvidia.kernel_hold", "gpufleet.nvidia.driver_known_good"]
     assert calls[2][1]["baseline"] == SNAPSHOT["trace"]["summary"]
@@ -154,7 +137,7 @@ def test_a_node_that_fails_verification_stops_the_phases_and_keeps_the_verdict_f
     result = plugin.run(task_vars={})
     assert result["failed"] is True
     assert result["msg"].startswith("verification failed on 620.82.01: ")
-    assert [name for name, _a in calls] == ["gpufleet.nvidia.gpu_facts", "ansible.builtin.slurp"]
+    assert [name for name, _a, _c in calls] == ["gpufleet.nvidia.gpu_facts", "ansible.builtin.slurp"]
     verdict = result["tx"]["verdict"]
     assert verdict["ok"] is False and verdict["rollback"] is True
     assert verdict["gpu_count"] == {"before": 2, "after": 1}
@@ -168,7 +151,7 @@ def test_a_driver_that_is_not_the_installed_one_is_not_marked_known_good():
     plugin, calls = action(args, _tail_answers(facts(OLD), known_good_failed=True))
     result = plugin.run(task_vars={})
     # Alone, the phase reads the driver state again (without the kernel log).
-    assert calls[0] == ("gpufleet.nvidia.gpu_facts", {"kernel_log": False})
+    assert calls[0][:2] == ("gpufleet.nvidia.gpu_facts", {"kernel_log": False})
     assert result["failed"] is True
     assert result["msg"] == ("record the driver as last known-good (gpufleet.nvidia.driver_known_good): "
                              "loaded 580.126.20 is not the installed")
