@@ -3,6 +3,7 @@
 Usage (as root, from the repository root, with the project's virtualenv Python)::
 
     python benchmarks/rollout/bench.py [--nodes 16] [--ports 24500-24599] [--out FILE] [--schedule-only]
+                                       [--poll-interval SECONDS]
 
 1. Sequential batches of the default schedule for fleets of 16, 100, 1,000 and 10,000 nodes,
    computed by ``plugin_utils.schedule`` (which reproduces ansible-core's
@@ -33,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,18 +116,61 @@ def write_results(results, path):
     print(json.dumps(results, indent=1, sort_keys=True))
 
 
-def run(argv, env, cwd=None, log=None):
+def _own_cpu_s(pid):
+    """CPU seconds the process itself used so far (utime + stime of /proc/PID/stat, not its children's)."""
+    with open("/proc/%d/stat" % pid, "r", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run(argv, env, cwd=None, log=None, own=None):
+    """Run ``argv`` to its end: ``(wall s, CPU s of it and every process it waited for)``.
+
+    :param own: a dict that gets ``"cpu_s"``: the CPU of the process itself (``ansible-playbook``'s
+        main process, without its workers and SSH clients), read every 0.5 s while it runs.
+    :raises RuntimeError: a non-zero exit.
+    """
     start = time.perf_counter()
     with open(log or os.devnull, "w") as out:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT)
+        if own is not None:
+            def sample():
+                while proc.returncode is None:
+                    try:
+                        own["cpu_s"] = _own_cpu_s(proc.pid)
+                    except (OSError, IndexError, ValueError):
+                        return
+                    time.sleep(0.5)
+            threading.Thread(target=sample, daemon=True).start()
         _pid, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = status
     code = os.waitstatus_to_exitcode(status)
     if code != 0:
         raise RuntimeError("%s exited %s (log %s)" % (" ".join(argv[:3]), code, log))
     return time.perf_counter() - start, usage.ru_utime + usage.ru_stime
 
 
-def real_rollout(nodes, ports, workdir):
+def ansible_cfg(workdir, poll_interval):
+    """tests/ansible.cfg with ``internal_poll_interval`` set to ``poll_interval``, written in ``workdir``."""
+    with open(os.path.join(REPO, "tests", "ansible.cfg"), "r", encoding="utf-8") as handle:
+        lines = [line for line in handle.read().splitlines() if not line.startswith("internal_poll_interval")]
+    lines.insert(lines.index("[defaults]") + 1, "internal_poll_interval = %s" % poll_interval)
+    path = os.path.join(workdir, "ansible.cfg")
+    with open(path, "w", encoding="utf-8") as out:
+        out.write("\n".join(lines) + "\n")
+    return path
+
+
+def configured_poll_interval():
+    """tests/ansible.cfg's ``internal_poll_interval`` (seconds), or Ansible's default 0.001."""
+    with open(os.path.join(REPO, "tests", "ansible.cfg"), "r", encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("internal_poll_interval"):
+                return float(line.split("=", 1)[1])
+    return 0.001
+
+
+def real_rollout(nodes, ports, workdir, poll_interval=None):
     sys.path.insert(0, SIMFLEET)
     from simfleet.testing import (  # pylint: disable=import-outside-toplevel
         FLEET_DRIVER_VARS,
@@ -144,14 +189,16 @@ def real_rollout(nodes, ports, workdir):
         baseline = os.path.join(workdir, "baseline.yml")
         with open(baseline, "w") as out:
             out.write(baseline_playbook(BASELINE_VERSION))
-        env = ansible_env()
+        env = ansible_env({"ANSIBLE_CONFIG": ansible_cfg(workdir, poll_interval)} if poll_interval is not None else None)
         tool = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
         base_wall, base_cpu = run([tool, "-i", handle.inventory, "-i", inventory, baseline, "-f", "16"], env,
                                   workdir, os.path.join(workdir, "baseline.log"))
         report_dir = os.path.join(workdir, "report")
+        own = {}
         wall, cpu = run([tool, "-i", handle.inventory, "-i", inventory, os.path.join(REPO, "playbooks", "rollout.yml"),
                          "-f", "16", "-e", "driver_branch=ltsb", "-e", "rollout_soak_s=0", "-e", "rollout_wave_soak_s=0",
-                         "-e", "rollout_report_dir=%s" % report_dir], env, workdir, os.path.join(workdir, "rollout.log"))
+                         "-e", "rollout_report_dir=%s" % report_dir], env, workdir, os.path.join(workdir, "rollout.log"),
+                        own)
         with open(os.path.join(report_dir, "rollout-report.json")) as handle_in:
             report = json.load(handle_in)
         totals = [n["durations"]["total_s"] for n in report["nodes"] if (n.get("durations") or {}).get("total_s")]
@@ -172,6 +219,9 @@ def real_rollout(nodes, ports, workdir):
             "rollout_controller_cpu_s": round(cpu, 1),
             "wall_s_per_node": round(wall / nodes, 2),
             "controller_cpu_s_per_node": round(cpu / nodes, 2),
+            # ansible-playbook's own process (its play loop), the rest being its workers and SSH clients.
+            "main_process_cpu_s_per_node": round(own["cpu_s"] / nodes, 2) if "cpu_s" in own else None,
+            "internal_poll_interval": poll_interval if poll_interval is not None else configured_poll_interval(),
             "tasks_per_node_median": statistics.median(tasks.values()) if tasks else None,
             "tasks_per_node_max": max(tasks.values()) if tasks else None,
             "controller_cpu_s_per_task": round(cpu / sum(tasks.values()), 3) if tasks else None,
@@ -189,12 +239,14 @@ def main():
     parser.add_argument("--ports", default="24500-24599")
     parser.add_argument("--out", default=os.path.join(HERE, "results.json"))
     parser.add_argument("--schedule-only", action="store_true")
+    parser.add_argument("--poll-interval", type=float, default=None,
+                        help="internal_poll_interval for the rollout (default: tests/ansible.cfg's)")
     args = parser.parse_args()
     results = {"machine": machine(), "schedule": schedule_table()}
     if not args.schedule_only:
         workdir = tempfile.mkdtemp(prefix="rollout-bench-")
         try:
-            results["rollout"] = real_rollout(args.nodes, args.ports, workdir)
+            results["rollout"] = real_rollout(args.nodes, args.ports, workdir, args.poll_interval)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     write_results(results, args.out)
