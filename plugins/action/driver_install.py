@@ -18,7 +18,7 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_repository as repository
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction, add_diff
 
 #: The phases, in order: the repository (key, sources entry, package lists; on dnf the role's
 #: tasks write its files between the two phases), then the transaction.
@@ -89,6 +89,7 @@ class ActionModule(NodeAction):
                     "sources_content": repo["sources_content"]}, task_vars, "configure the apt repository", warnings)
                 result["repository_changed"] = bool(configured.get("changed"))
                 result["changed"] = result["repository_changed"]
+                add_diff(result, configured.get("diff"))
         result["repository_query"] = {
             "url": repo["url"], "suite": repo.get("suite") or "/", "components": repo.get("components") or [],
             "key": key,
@@ -142,6 +143,7 @@ class ActionModule(NodeAction):
                                               driver_state=driver.get("state"))
         plan = self._module("gpufleet.nvidia.driver_transaction", module_args, task_vars,
                             "install and pin the driver set", warnings)
+        add_diff(result, plan.pop("diff", None))
         result["plan"] = plan
         result["loaded_version"] = driver.get("loaded_version")
         result["reboot_required"] = plan["resolved"]["version"] != driver.get("loaded_version")

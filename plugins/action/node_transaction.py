@@ -19,7 +19,7 @@ import time
 from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report, rollout_verdict
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction, add_diff
 
 #: The phases, in the order they run when several are asked for in one task.
 PHASES = ("snapshot", "verify", "check", "hold_kernel", "known_good")
@@ -114,6 +114,7 @@ class ActionModule(NodeAction):
         except (PhaseFailed, AnsibleActionFail) as exc:
             result.update(failed=True, msg=str(exc.args[0] if exc.args else exc))
         result.update(changed=state["changed"], tx=tx)
+        add_diff(result, state.get("diff"))
         if state.get("facts_read"):
             result["ansible_facts"] = {"nvidia": state["facts"]}
         if warnings:
@@ -181,8 +182,10 @@ class ActionModule(NodeAction):
         }
         snapshot = rollout_verdict.rollout_snapshot(saved, fresh, args["rollout_id"])
         if not snapshot.get("resumed"):
-            self._module("gpufleet.nvidia.node_lock", {"state": "write", "path": snap["path"], "content": snapshot},
-                         task_vars, "save the snapshot on the node", warnings)
+            saved_now = self._module("gpufleet.nvidia.node_lock", {"state": "write", "path": snap["path"],
+                                                                   "content": snapshot},
+                                     task_vars, "save the snapshot on the node", warnings)
+            add_diff(state, saved_now.get("diff"))
             state["changed"] = True
         tx["snapshot"] = snapshot
         # After the save: a rescue rolls the driver back only once the snapshot is on the node.
@@ -245,6 +248,7 @@ class ActionModule(NodeAction):
         """Hold the running kernel (apt; the kernel_hold role's apt tasks before)."""
         hold = dict(args["kernel_hold"], state="present")
         held = self._module("gpufleet.nvidia.kernel_hold", hold, task_vars, "hold the kernel", warnings)
+        add_diff(state, held.get("diff"))
         state["changed"] = state["changed"] or bool(held.get("changed"))
         tx["kernel_hold"] = dict((key, held.get(key)) for key in (
             "running_kernel", "running_kernel_package", "held", "held_by_role", "held_before_by_others",
@@ -263,4 +267,5 @@ class ActionModule(NodeAction):
             "driver_state": driver.get("state") or "", "history_limit": args["known_good"]["history_limit"],
         }, task_vars, "record the driver as last known-good", warnings)
         state["changed"] = state["changed"] or bool(marked.get("changed"))
+        add_diff(state, marked.pop("diff", None))
         tx["known_good"] = dict((key, value) for key, value in marked.items() if key not in ("changed", "failed"))

@@ -9,7 +9,7 @@ __metaclass__ = type
 
 class ModuleDocFragment(object):
     """Attributes of the action plugins that run modules on their node (node_preflight, node_transaction,
-    driver_install); each says its own check mode."""
+    driver_install); each says its own check and diff modes."""
 
     DOCUMENTATION = r"""
 attributes:
@@ -18,8 +18,6 @@ attributes:
   async:
     support: none
   bypass_host_loop:
-    support: none
-  diff_mode:
     support: none
   platform:
     platforms: posix

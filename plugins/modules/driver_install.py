@@ -44,6 +44,10 @@ attributes:
   check_mode:
     support: full
     details: The modules it runs report what they would change; the signing key is still read.
+  diff_mode:
+    support: full
+    details: The repository's files and the driver transaction's packages, holds, pin and local facts, as the
+      modules it runs show them.
 author:
   - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:

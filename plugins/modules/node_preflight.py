@@ -85,6 +85,8 @@ attributes:
   check_mode:
     support: full
     details: It only reads.
+  diff_mode:
+    support: none
 author:
   - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:

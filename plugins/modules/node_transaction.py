@@ -97,6 +97,9 @@ attributes:
   check_mode:
     support: none
     details: It changes the node; the role runs it outside check mode only.
+  diff_mode:
+    support: full
+    details: The snapshot saved, the kernel hold and the known-good record, as the modules it runs show them.
 author:
   - gpufleet.nvidia maintainers (@gpufleet)
 extends_documentation_fragment:

@@ -40,6 +40,13 @@ class ControllerAction(ValidatedAction):
     _requires_connection = False
 
 
+def add_diff(result, diff):
+    """Put a module's ``diff`` (a dict or a list of them) into an action's ``result``, whose ``diff``
+    list ``--diff`` shows; nothing when the module gave none."""
+    if diff:
+        result.setdefault("diff", []).extend(diff if isinstance(diff, list) else [diff])
+
+
 class NodeAction(ValidatedAction):
     """An action that runs the collection's modules on its node, several in one task.
 

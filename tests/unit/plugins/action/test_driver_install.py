@@ -97,3 +97,14 @@ def test_dnf_phases_and_an_unsupported_distribution():
     with pytest.raises(AnsibleActionFail, match="driver_install: "):
         plugin.run(task_vars={"ansible_facts": dict(DEBIAN, distribution="Gentoo")})
     assert calls == []
+
+
+def test_the_modules_diffs_are_the_tasks_diff():
+    repo_diff = [{"before_header": "/etc/apt/keyrings/gpufleet-nvidia-driver.asc", "before": "", "after": KEY}]
+    plan_diff = {"before": "package nvidia-driver-cuda absent\n", "after": "package nvidia-driver-cuda 620.82.01-1\n"}
+    answers = dict(ANSWERS, **{"gpufleet.nvidia.driver_apt_repository": {"changed": True, "diff": repo_diff},
+                               "gpufleet.nvidia.driver_transaction": dict(TRANSACTION, diff=plan_diff)})
+    plugin, _calls = action({"repository": REPOSITORY}, answers)
+    result = plugin.run(task_vars={"ansible_facts": DEBIAN})
+    assert result["diff"] == repo_diff + [plan_diff]
+    assert "diff" not in result["plan"]
