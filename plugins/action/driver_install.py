@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import time
 
-from ansible.errors import AnsibleActionFail
+from ansible.errors import AnsibleActionFail, AnsibleError
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_repository as repository
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction, add_diff
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction, add_diff, without_unset
 
 #: The phases, in order: the repository (key, sources entry, package lists; on dnf the role's
 #: tasks write its files between the two phases), then the transaction.
@@ -110,10 +110,8 @@ class ActionModule(NodeAction):
                 path = self._find_needle("files", repo_args["key_src"])
                 with open(path, "r", encoding="utf-8") as handle:
                     return handle.read()
-            except (OSError, UnicodeDecodeError) as exc:
+            except (OSError, UnicodeDecodeError, AnsibleError) as exc:
                 raise AnsibleActionFail("driver_install: cannot read the repository key %s: %s" % (repo_args["key_src"], exc))
-            except Exception as exc:  # AnsibleError from _find_needle: not found
-                raise AnsibleActionFail("driver_install: the repository key %s: %s" % (repo_args["key_src"], exc))
         url = repo_args["key_url"] or repo["key_url"]
         # The key is read even in check mode: the plan is checked against it.
         check_mode = self._task.check_mode
@@ -131,8 +129,7 @@ class ActionModule(NodeAction):
                            "read the GPUs and the driver state", warnings)
         nvidia = (gpu.get("ansible_facts") or {}).get("nvidia") or {}
         driver = nvidia.get("driver") or {}
-        module_args = dict((key, value) for key, value in (args["transaction"] or {}).items()
-                           if not (key in _EMPTY_MEANS_UNSET and value in (None, "")))
+        module_args = without_unset(args["transaction"] or {}, _EMPTY_MEANS_UNSET)
         module_args.update(gpus=list(nvidia.get("gpus") or []), distribution=distribution,
                            repository=dict(result["repository_query"]))
         local = module_args.get("local_facts")

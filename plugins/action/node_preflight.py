@@ -16,7 +16,7 @@ from ansible.errors import AnsibleActionFail
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import node_preflight, rollout_verdict, run_lease
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction, without_unset
 
 ARGUMENT_SPEC = {
     "files": {"type": "dict", "required": True},
@@ -150,14 +150,11 @@ class ActionModule(NodeAction):
         record = args["drain_record"]
         if not result["drain_owned"] or record is None:
             return
-        before = state["drain_record"] if isinstance(state["drain_record"], dict) else {}
-        backend = args["drain"]
-        self._module("gpufleet.nvidia.node_lock", {"state": "write", "path": record["path"], "content": {
-            "backend": backend, "rollout_id": args["rollout_id"], "run_id": args["owner"].get("run_id"),
-            "reason": record["reason"] if backend in ("slurm", "slurm_reboot") else None,
-            "drained_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "first_drained_by": before.get("first_drained_by") or before.get("rollout_id") or args["rollout_id"],
-        }}, task_vars, "record on the node that this rollout drains it", warnings)
+        content = node_preflight.drain_record(
+            state["drain_record"], args["drain"], args["rollout_id"], args["owner"].get("run_id"), record["reason"],
+            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        self._module("gpufleet.nvidia.node_lock", {"state": "write", "path": record["path"], "content": content},
+                     task_vars, "record on the node that this rollout drains it", warnings)
         result["drain_recorded"] = True
 
     def _resolve(self, request, known, facts, task_vars, warnings):
@@ -167,7 +164,6 @@ class ActionModule(NodeAction):
                 known.get("distribution"), known.get("distribution_major_version"), known.get("distribution_version"))
         except distributions.PlanError as exc:
             raise AnsibleActionFail("node_preflight: %s" % exc.message)
-        module_args = dict((key, value) for key, value in request.items()
-                           if not (key in _EMPTY_MEANS_UNSET and value in (None, "")))
+        module_args = without_unset(request, _EMPTY_MEANS_UNSET)
         module_args.update(gpus=list((facts or {}).get("gpus") or []), distribution=distribution)
         return self._module("gpufleet.nvidia.driver_resolve", module_args, task_vars, None, warnings)

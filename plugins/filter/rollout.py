@@ -13,7 +13,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_verdict as rv
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import schedule
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import contract_decision, rollout_report, scheduler_state
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import contract_decision, node_preflight, rollout_report, scheduler_state
 
 
 def _call(func, *args, **kwargs):
@@ -84,6 +84,12 @@ def rollout_drained_by_others(state, record):
     return scheduler_state.drained_by_others(state, record or {})
 
 
+def rollout_drain_record(previous, backend, rollout_id, run_id, reason, drained_at):
+    """The drain record a rollout writes on a node before it drains it (who drained it first kept)."""
+    return node_preflight.drain_record(previous or None, str(backend), str(rollout_id), run_id, reason or None,
+                                       str(drained_at))
+
+
 def rollout_snapshot(saved, fresh, rollout_id):
     """Keep the snapshot of an interrupted attempt of the same rollout, else the fresh one."""
     return _call(rv.rollout_snapshot, saved or None, fresh, rollout_id)
@@ -136,6 +142,7 @@ class FilterModule(object):
             "rollout_cut_off": rollout_cut_off,
             "rollout_drain_state": rollout_drain_state,
             "rollout_drained_by_others": rollout_drained_by_others,
+            "rollout_drain_record": rollout_drain_record,
             "rollout_soak": rollout_soak,
             "rollout_gate": rollout_gate,
             "rollout_versions": rollout_versions,

@@ -40,6 +40,13 @@ class ControllerAction(ValidatedAction):
     _requires_connection = False
 
 
+def without_unset(options, empty_means_unset):
+    """``options`` without the keys of ``empty_means_unset`` whose value is ``None`` or ``""`` (a role
+    passes an option it was not given as ``""``; the module's own default then applies)."""
+    return dict((key, value) for key, value in options.items()
+                if not (key in empty_means_unset and value in (None, "")))
+
+
 def add_diff(result, diff):
     """Put a module's ``diff`` (a dict or a list of them) into an action's ``result``, whose ``diff``
     list ``--diff`` shows; nothing when the module gave none."""

@@ -85,6 +85,26 @@ def scheduler(backend: str, output: Optional[str], drain_record: Mapping[str, An
     return {"sched": sched, "drain_owned": owned}
 
 
+def drain_record(previous: Optional[Mapping[str, Any]], backend: str, rollout_id: str, run_id: Optional[str],
+                 reason: Optional[str], drained_at: str) -> Dict[str, Any]:
+    """The drain record (``drain.json``) a rollout writes on a node before it drains it.
+
+    The record makes the drain this collection's (:func:`scheduler`): this rollout, or a later run
+    of it or a rollback, returns the node to service, and nothing returns a node someone else
+    drained. It keeps who drained the node first across rollouts.
+
+    :param previous: the record found on the node (``{}`` or ``None`` when none).
+    :param backend: ``node_upgrade_drain``. :param reason: the Slurm drain reason (kept for the
+        Slurm backends only). :param drained_at: ISO 8601 UTC time.
+    :returns: ``{"backend", "rollout_id", "run_id", "reason", "drained_at", "first_drained_by"}``.
+    """
+    previous = previous if isinstance(previous, Mapping) else {}
+    return {"backend": backend, "rollout_id": rollout_id, "run_id": run_id,
+            "reason": reason if backend in ("slurm", "slurm_reboot") else None,
+            "drained_at": drained_at,
+            "first_drained_by": previous.get("first_drained_by") or previous.get("rollout_id") or rollout_id}
+
+
 def _open_attempt(saved: Mapping[str, Any], rollout_id: str) -> bool:
     return saved.get("rollout_id", "") == rollout_id and not saved.get("completed")
 

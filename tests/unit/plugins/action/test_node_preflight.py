@@ -260,3 +260,15 @@ def test_without_a_scheduler_the_drain_is_marked_at_once_and_check_mode_takes_no
     result = plugin.run(task_vars=dict(KNOWN))
     assert result["lock_taken"] is None
     assert [a.get("state") for name, a, _check in calls if name == "gpufleet.nvidia.node_lock"] == [None]
+
+
+def test_the_drain_record_is_one_function_for_the_action_and_the_drain_tasks():
+    from ansible_collections.gpufleet.nvidia.plugins.filter.rollout import rollout_drain_record
+
+    first = node_preflight.drain_record({}, "kubernetes", "driver-ltsb", "ctl-100-1", "ignored", "2026-12-05T06:00:00Z")
+    assert first == {"backend": "kubernetes", "rollout_id": "driver-ltsb", "run_id": "ctl-100-1", "reason": None,
+                     "drained_at": "2026-12-05T06:00:00Z", "first_drained_by": "driver-ltsb"}
+    # The filter tasks/drain.yml writes with is the same function; the first drainer is kept.
+    again = rollout_drain_record(first, "slurm", "driver-620", "ctl-200-1", "gpufleet: rollout", "2026-12-06T06:00:00Z")
+    assert again["first_drained_by"] == "driver-ltsb" and again["reason"] == "gpufleet: rollout"
+    assert rollout_drain_record(None, "none", "r", "x", "", "t")["first_drained_by"] == "r"

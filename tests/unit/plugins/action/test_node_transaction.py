@@ -186,3 +186,17 @@ def test_bad_arguments_and_check_mode_are_refused_before_the_node_is_touched():
     with pytest.raises(AnsibleActionFail, match="outside check mode"):
         plugin.run(task_vars={})
     assert calls == []
+
+
+def test_extra_vars_given_as_strings_are_converted_and_a_bad_one_is_named():
+    answers = {"gpufleet.nvidia.gpu_trace": dict(TRACE), "gpufleet.nvidia.node_lock": {"changed": True}}
+    args = dict(BASE, phases=["snapshot"], snapshot={"path": "/s", "saved": "", "boot_id": "b"},
+                trace={"enabled": "true", "duration_s": "3", "interval_s": "0.25"},
+                benchmark={"threshold": "0.8", "higher_is_better": "false"})
+    plugin, calls = action(args, answers)
+    result = plugin.run(task_vars={})
+    assert not result.get("failed") and calls[0][1] == {"duration_s": 3.0, "interval_s": 0.25}
+    plugin, calls = action(dict(args, trace={"duration_s": "three seconds"}), answers)
+    with pytest.raises(AnsibleActionFail, match="duration_s"):
+        plugin.run(task_vars={})
+    assert calls == []
