@@ -102,9 +102,9 @@ def test_system_packages(context):
     assert repo_step < containerfile.index("RUN /output/scripts/install-from-bindep")
 
 
-def test_the_image_sets_a_poll_interval_at_which_the_rollout_does_not_spin(context):
+def test_the_image_sets_a_poll_interval_at_which_the_rollout_does_not_spin_and_keeps_facts_in_ansible_facts(context):
     containerfile = (context / "Containerfile").read_text(encoding="utf-8")
-    step = containerfile.index("'internal_poll_interval = 0.02' > /etc/ansible/ansible.cfg")
+    step = containerfile.index("'internal_poll_interval = 0.02' 'inject_facts_as_vars = False' > /etc/ansible/ansible.cfg")
     # In the final image, not a build stage.
     assert step > containerfile.rindex("FROM ")
 
