@@ -16,6 +16,7 @@ import yaml
 from ansible import constants as C
 from ansible import context
 from ansible.errors import AnsibleActionFail
+from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import scheduler_state
@@ -86,6 +87,44 @@ def known_variables(root=_COLLECTION):
     with open(os.path.join(root, "playbooks", "vars", "known_variables.yml"), "r", encoding="utf-8") as handle:
         names.update(yaml.safe_load(handle).get("gpufleet_known_variables") or [])
     return names
+
+
+#: What a role's argument spec says of a value; the rest (description, default) is the role's own.
+_SPEC_KEYS = ("type", "elements", "choices")
+
+
+def role_options(role, entry="main", root=_COLLECTION):
+    """A role entry point's options as an argument spec of their values (I/O: reads YAML).
+
+    Source: ``roles/<role>/meta/argument_specs.yml``, the spec Ansible checks when the role is
+    included. Only ``type``, ``elements`` and ``choices`` are kept: a default or ``required``
+    is the role's business, not the inventory's.
+
+    :returns: ``{option: {"type", ["elements"], ["choices"]}}``; ``{}`` when the role has none.
+    """
+    path = os.path.join(root, "roles", role, "meta", "argument_specs.yml")
+    if not os.path.exists(path):
+        return {}
+    with open(path, "r", encoding="utf-8") as handle:
+        entry_spec = ((yaml.safe_load(handle) or {}).get("argument_specs") or {}).get(entry) or {}
+    return dict((name, dict((key, option[key]) for key in _SPEC_KEYS if key in option))
+                for name, option in (entry_spec.get("options") or {}).items())
+
+
+def invalid_values(values_by_host, spec):
+    """The hosts' values that the spec refuses, each named: ``["<host>: <message>"]`` in host order.
+
+    :param values_by_host: ``{host: {option: value}}``, the options each host sets (inventory,
+        group and extra vars; strings from extra vars are checked as Ansible checks them, so
+        ``"true"`` is a bool and ``"5"`` an int).
+    :param spec: :func:`role_options`.
+    """
+    validator = ArgumentSpecValidator(spec)
+    out = []
+    for host, values in values_by_host.items():
+        result = validator.validate(dict((name, value) for name, value in values.items() if name in spec))
+        out.extend("%s: %s" % (host, message) for message in result.error_messages)
+    return out
 
 
 def plan_nodes(stages, groups, class_prefix, domain_prefix):
@@ -319,12 +358,27 @@ class ActionModule(ControllerAction):
         problems = []
         names = set(task_vars.get("vars", {}) if isinstance(task_vars.get("vars"), dict) else ())
         names.update(k for k in task_vars if isinstance(k, str))
+        spec = role_options("node_upgrade")
+        node_values = {}
         for host in (stages.get("golden") or []) + (stages.get("canary") or []) + (stages.get("waves") or []):
             hostvars = task_vars.get("hostvars", {}).get(host) or {}
-            names.update(k for k in hostvars.keys() if isinstance(k, str))
+            keys = [k for k in hostvars.keys() if isinstance(k, str)]
+            names.update(keys)
+            node_values[host] = {}
+            for key in keys:
+                if key in spec:
+                    try:
+                        node_values[host][key] = hostvars[key]
+                    except Exception:  # pylint: disable=broad-except
+                        # A value that cannot be templated yet (it names a variable set later) is
+                        # left to the modules and actions that read it.
+                        continue
         if args["check_variables"]:
             for name, close in unknown_variables(names, known_variables()):
                 problems.append("unknown variable %s%s" % (name, (" (did you mean %s?)" % close) if close else ""))
+        # node_upgrade's argument spec, checked here for every node before any is touched: the
+        # steps include the role without checking it again on each node (one task fewer per node).
+        problems.extend(invalid_values(node_values, spec))
         total = sum(len(stages.get(stage) or []) for stage in rollout_budget.STAGES)
         if total == 0:
             problems.append("the rollout matches no host: check rollout_hosts and the inventory")

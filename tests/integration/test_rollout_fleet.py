@@ -297,6 +297,9 @@ def test_bad_input_is_refused_before_any_host_is_touched(rollouts):
          "unknown variable driver_brnach (did you mean driver_branch?)"),
         (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "node_upgrade_drian=slurm"],
          "unknown variable node_upgrade_drian (did you mean node_upgrade_drain?)"),
+        # node_upgrade's argument spec, checked for every node at the plan (not on each node's turn).
+        (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "node_upgrade_drain=slurmx"],
+         "node01: value of node_upgrade_drain must be one of: none, slurm, slurm_reboot, kubernetes, command, got: slurmx"),
         (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "rollout_max_unavailable=0"],
          "rollout_max_unavailable must be at least 1, got '0'"),
         (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "rollout_max_unavailable=-50%"],

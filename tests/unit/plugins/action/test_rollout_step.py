@@ -112,3 +112,24 @@ def test_a_poll_interval_that_makes_the_free_strategy_spin_is_named_with_the_fix
     assert "16 hosts 1000 times a second" in warning and "internal_poll_interval = 0.02" in warning
     assert poll_interval_warning(0.02, 10000) is None and poll_interval_warning(0.05, 16) is None
     assert poll_interval_warning(None, 16) is None
+
+
+def test_the_nodes_values_are_checked_against_node_upgrades_argument_spec_at_the_plan():
+    spec = rollout_step.role_options("node_upgrade")
+    # What the inventory may set, as the role's spec declares it; no default or required of the role's.
+    assert spec["node_upgrade_drain"] == {
+        "type": "str", "choices": ["none", "slurm", "slurm_reboot", "kubernetes", "command"]}
+    assert spec["node_upgrade_ignore_xids"] == {"type": "list", "elements": "int"}
+    assert spec["node_upgrade_lock_stale_s"] == {"type": "int"}
+    assert rollout_step.role_options("no_such_role") == {}
+    problems = rollout_step.invalid_values({
+        "node01": {"node_upgrade_drain": "slurmx", "node_upgrade_lock_stale_s": "soon"},
+        # Extra vars arrive as strings: these are what Ansible takes for a bool, an int and ints.
+        "node02": {"node_upgrade_lock_break": "true", "node_upgrade_trace_s": "5", "node_upgrade_ignore_xids": ["13", 79]},
+        "node03": {"node_upgrade_ignore_xids": ["xid13"]},
+    }, spec)
+    assert len(problems) == 3, problems
+    assert "node01: value of node_upgrade_drain must be one of: none, slurm, slurm_reboot, kubernetes, command, got: slurmx" \
+        in problems
+    assert any(p.startswith("node01: argument 'node_upgrade_lock_stale_s' is of type str") for p in problems)
+    assert any(p.startswith("node03: ") and "node_upgrade_ignore_xids" in p for p in problems)
