@@ -46,6 +46,9 @@ ARGUMENT_SPEC = {
 _FACTS_KEPT = ("ansible_distribution*", "ansible_kernel", "ansible_pkg_mgr", "ansible_os_family",
                "ansible_architecture", "ansible_nodename", "ansible_service_mgr")
 
+#: What the result keeps of driver_resolve's (the decision used the rest).
+_RESOLVE_KEPT = ("resolved", "failed", "msg", "fabric_manager")
+
 #: driver_resolve's options that mean "not given" when empty (the role passes them as "").
 _EMPTY_MEANS_UNSET = ("version", "today")
 
@@ -107,6 +110,9 @@ class ActionModule(NodeAction):
             result["resolve"] = self._resolve(args["resolve"], known, facts, task_vars, warnings)
             result["decision"] = node_preflight.decide(
                 facts, result["resolve"], state, lock, drain["sched"], args)
+            # What the role reads of it: the plan and the repository's versions stay here (every
+            # byte of a result is copied and walked by ansible-playbook's process).
+            result["resolve"] = dict((key, value) for key, value in result["resolve"].items() if key in _RESOLVE_KEPT)
         result["marks"] = {"started": time.time()}
         result["lock_taken"] = None
         result["drain_recorded"] = False

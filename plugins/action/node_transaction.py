@@ -87,7 +87,7 @@ class ActionModule(NodeAction):
     def run(self, tmp=None, task_vars=None):
         """Run ``phases`` (the options and the result are in ``plugins/modules/node_transaction.py``).
 
-        :returns: ``{"changed", "tx": {"marks", "snapshot", "verdict", "verify_options",
+        :returns: ``{"changed", "tx": {"marks", ["snapshot": when the snapshot phase ran], "verdict", "verify_options",
             "after_boot_id", "trace_before", "trace_after", "policy_mode", "kernel_hold",
             "known_good", "phases_done"}, "ansible_facts": {"nvidia"}}``; ``failed`` and ``msg``
             when a phase failed, with ``tx`` as far as it got (the rescue needs it).
@@ -113,6 +113,10 @@ class ActionModule(NodeAction):
                     tx["phases_done"].append(phase)
         except (PhaseFailed, AnsibleActionFail) as exc:
             result.update(failed=True, msg=str(exc.args[0] if exc.args else exc))
+        if "snapshot" not in wanted:
+            # The caller gave it and keeps it: not echoed (the GPU facts and trace in it, about 25 KB
+            # a node, would be copied and walked again by ansible-playbook's process).
+            tx.pop("snapshot", None)
         result.update(changed=state["changed"], tx=tx)
         add_diff(result, state.get("diff"))
         if state.get("facts_read"):

@@ -137,7 +137,7 @@ probe:
   returned: always
   type: dict
 resolve:
-  description: M(gpufleet.nvidia.driver_resolve)'s result (C(resolved), C(plan); C(failed) and C(msg) when it failed).
+  description: What the decision used of M(gpufleet.nvidia.driver_resolve)'s result, C(resolved) and C(fabric_manager) (C(failed) and C(msg) when it failed); its C(plan) and C(available_versions) stay out of the result.
   returned: with O(resolve)
   type: dict
 decision:

@@ -129,6 +129,7 @@ tx:
     - The transaction's state - C(marks), C(phases_done), and what the phases found - C(snapshot), C(verdict)
       (C(ok), C(reasons), C(flags), C(rollback), ...), C(verify_options), C(after_boot_id), C(trace_after)
       (C(csv), C(changes) or null), C(policy_mode), C(kernel_hold) and C(known_good).
+    - C(snapshot) only when the snapshot phase ran in this task; a later task is given it again in O(tx).
   returned: always
   type: dict
 ansible_facts:

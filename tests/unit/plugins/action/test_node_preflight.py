@@ -142,6 +142,9 @@ def test_action_reads_once_resolves_with_the_facts_it_read_and_decides():
     assert result["lock"]["ok"] is False
     assert result["decision"]["preflight"]["action"] == "refuse"
     assert "_ansible_no_log" not in result["resolve"]
+    # The decision read the plan; the result keeps what the role reads (every byte of it is copied
+    # and walked by ansible-playbook's process).
+    assert result["resolve"] == {"resolved": {"version": NEW, "branch": "620"}}
 
 
 def test_action_without_resolve_only_reads_and_a_failing_module_fails_it_by_name():

@@ -142,6 +142,8 @@ def test_a_node_that_fails_verification_stops_the_phases_and_keeps_the_verdict_f
     assert verdict["ok"] is False and verdict["rollback"] is True
     assert verdict["gpu_count"] == {"before": 2, "after": 1}
     assert result["tx"]["phases_done"] == []
+    # The snapshot the caller gave is not echoed back (it keeps it): only a snapshot phase returns one.
+    assert "snapshot" not in result["tx"]
     # What the phase read is what the rescue judges the node by.
     assert result["ansible_facts"]["nvidia"]["gpu_count"] == 1
 
