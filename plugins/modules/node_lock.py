@@ -20,8 +20,9 @@ description:
     exclusive C(flock) on the state directory, through a temporary file and C(rename). When another controller
     took the lock in between, RV(acquired) is V(false) and nothing is written.
   - O(state=release) removes the lock when it holds O(run_id) (or O(force)); another run's lock is left in place.
-    With O(close) it first writes that state file (the snapshot that closes the node's transaction), so that
-    both are one module run.
+    With O(close) it first writes that state file (the snapshot that closes the node's transaction), and with
+    O(remove) removes state files (the node's rollout flag, once its transaction succeeded), so that all are one
+    module run.
   - O(state=write) writes O(content) as JSON to O(path) (a state file such as the snapshot), root-owned, mode
     0600, through a temporary file and C(rename), when it differs.
   - The decision whether a run may take a held lock (dead or stale holder, O(force)) is the controller's
@@ -60,6 +61,13 @@ options:
         description: The JSON object to write.
         type: dict
         required: true
+  remove:
+    description:
+      - With O(state=release), state files to remove first (one that is absent is left so); RV(removed) lists
+        those that were there.
+    type: list
+    elements: path
+    default: []
   lock:
     description:
       - The lock to write with O(state=acquire) (C(rollout_id), C(run_id), C(controller), C(pid), C(acquired_at)).
@@ -162,6 +170,11 @@ written:
   description: Whether the file of O(state=write), or O(close), was (in check mode, would be) written.
   type: bool
   returned: state is write, or release with close
+removed:
+  description: The files of O(remove) that were there and are gone.
+  type: list
+  elements: str
+  returned: state is release, but in check mode
 reason:
   description: Why the lock was not taken or not released, or null.
   type: str
@@ -169,6 +182,7 @@ reason:
 """
 
 import json
+import os
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -190,6 +204,7 @@ def main():
             content=dict(type="dict"),
             close=dict(type="dict", options=dict(path=dict(type="path", required=True),
                                                  content=dict(type="dict", required=True))),
+            remove=dict(type="list", elements="path", default=[]),
             lock=dict(type="dict"),
             expect=dict(type="str", default=""),
             run_id=dict(type="str"),
@@ -216,11 +231,20 @@ def main():
             module.exit_json(changed=False, acquired=state == "acquire", released=state == "release", found=None,
                              reason="check mode: nothing written")
         written = None
+        removed = []
         if state == "release" and close:
             try:
                 written = write_state(module, close["path"], close["content"])
             except OSError as exc:
                 module.fail_json(msg="%s: %s (the lock is still held)" % (close["path"], exc))
+        for gone in module.params["remove"] if state == "release" else []:
+            try:
+                os.unlink(gone)
+                removed.append(gone)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                module.fail_json(msg="%s: %s (the lock is still held)" % (gone, exc))
         if state == "acquire":
             result = node_lock.acquire(path, module.params["lock"], module.params["expect"] or None)
         else:
@@ -229,6 +253,8 @@ def main():
         module.fail_json(msg="%s: %s" % (path, exc))
     if written is not None:
         result = dict(result, written=written, changed=bool(result.get("changed") or written))
+    if state == "release":
+        result = dict(result, removed=removed, changed=bool(result.get("changed") or removed))
     module.exit_json(**result)
 
 

@@ -64,3 +64,22 @@ def test_a_state_file_is_written_once_and_the_snapshot_closed_before_the_lock_go
                                "close": {"path": str(snapshot), "content": dict(closed, result="failed")}}, capsys)
     assert code == 0 and result["released"] is False and lock.exists()
     assert json.loads(snapshot.read_text())["result"] == "failed"
+
+
+def test_a_release_removes_the_flag_of_a_node_that_succeeded_and_an_absent_file_is_no_error(tmp_path, capsys):
+    lock, flag = tmp_path / "lock.json", tmp_path / "gpufleet_rollout.fact"
+    lock.write_text(json.dumps({"rollout_id": "driver-ltsb", "run_id": "ctl-1-1"}))
+    flag.write_text(json.dumps({"flagged": True}))
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "ctl-1-1",
+                               "remove": [str(flag), str(tmp_path / "absent.fact")]}, capsys)
+    assert code == 0 and result["released"] is True and result["changed"] is True
+    assert result["removed"] == [str(flag)] and not flag.exists() and not lock.exists()
+    # Nothing to remove and another run's lock: nothing changes.
+    lock.write_text(json.dumps({"rollout_id": "driver-ltsb", "run_id": "other-2-2"}))
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "ctl-1-1", "remove": [str(flag)]}, capsys)
+    assert code == 0 and result["removed"] == [] and result["changed"] is False and lock.exists()
+    # Check mode removes nothing.
+    flag.write_text(json.dumps({"flagged": True}))
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "other-2-2", "remove": [str(flag)],
+                               "_ansible_check_mode": True}, capsys)
+    assert code == 0 and flag.exists()
