@@ -137,7 +137,10 @@ probe:
   returned: always
   type: dict
 resolve:
-  description: What the decision used of M(gpufleet.nvidia.driver_resolve)'s result, C(resolved) and C(fabric_manager) (C(failed) and C(msg) when it failed); its C(plan) and C(available_versions) stay out of the result.
+  description:
+    - What the role reads of M(gpufleet.nvidia.driver_resolve)'s result, C(resolved) and C(fabric_manager)
+      (C(failed) and C(msg) when it failed).
+    - Its C(plan) and C(available_versions), which the decision used, stay out of the result.
   returned: with O(resolve)
   type: dict
 decision:
