@@ -37,7 +37,11 @@ ARGUMENT_SPEC = {
         "key_url": {"type": "str", "default": ""},
     }},
     "transaction": {"type": "dict", "default": {}},
+    "facts": {"type": "bool", "default": True},
 }
+
+#: driver_transaction's return values the action does not pass on in ``plan``.
+_PLAN_LEFT_OUT = ("installed", "installed_after", "local_facts_previous")
 
 #: driver_transaction's options that mean "not given" when empty (the role passes them as "").
 _EMPTY_MEANS_UNSET = ("version", "today", "catalog")
@@ -54,7 +58,8 @@ class ActionModule(NodeAction):
 
         :returns: ``{"changed", "distribution", "repo" (module_utils.driver_repository.repository_config),
             "key" (the armored key), "repository_changed", "repository_query", ["plan" (the
-            driver_transaction module's result), "ansible_facts": {"nvidia"}]}``.
+            driver_transaction module's result), "driver_result" (the role's ``driver_result``),
+            ["ansible_facts": {"nvidia"}: with ``facts``]]}``.
         :raises AnsibleActionFail: bad arguments, a distribution the collection does not support, a
             signing key that is not the pinned one, a module that failed (named).
         """
@@ -141,9 +146,19 @@ class ActionModule(NodeAction):
         plan = self._module("gpufleet.nvidia.driver_transaction", module_args, task_vars,
                             "install and pin the driver set", warnings)
         add_diff(result, plan.pop("diff", None))
-        result["plan"] = plan
+        # The package lists before and after, and the local facts before, stay on the node's side
+        # (the role reads none of them; every byte of a result is walked by ansible-playbook).
+        result["plan"] = dict((key, value) for key, value in plan.items() if key not in _PLAN_LEFT_OUT)
         result["loaded_version"] = driver.get("loaded_version")
         result["reboot_required"] = plan["resolved"]["version"] != driver.get("loaded_version")
-        result["ansible_facts"] = {"nvidia": nvidia}
+        if args["facts"]:
+            result["ansible_facts"] = {"nvidia": nvidia}
         result["finished_epoch"] = time.time()
+        # The role's driver_result in one piece (its set_fact templates one value, not ten).
+        result["driver_result"] = {
+            "resolved": plan["resolved"], "action": plan.get("action"),
+            "previous_version": (plan.get("plan") or {}).get("current_version"),
+            "steps": (plan.get("plan") or {}).get("steps"), "reboot_required": result["reboot_required"],
+            "loaded_version": result["loaded_version"], "local_facts": plan.get("local_facts"),
+            "services": plan.get("services") or {}, "finished_epoch": result["finished_epoch"]}
         result["changed"] = result["changed"] or bool(plan.get("changed"))

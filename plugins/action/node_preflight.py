@@ -113,6 +113,9 @@ class ActionModule(NodeAction):
             # What the role reads of it: the plan and the repository's versions stay here (every
             # byte of a result is copied and walked by ansible-playbook's process).
             result["resolve"] = dict((key, value) for key, value in result["resolve"].items() if key in _RESOLVE_KEPT)
+            result["state"] = dict(state, saved_snapshot=node_preflight.snapshot_for_upgrade(
+                state.get("saved_snapshot"), str(args["rollout_id"]),
+                bool((result["decision"].get("left") or {}).get("unrecorded"))))
         result["marks"] = {"started": time.time()}
         result["lock_taken"] = None
         result["drain_recorded"] = False

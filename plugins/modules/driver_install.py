@@ -40,6 +40,12 @@ options:
       C(repository); an empty C(version), C(today) or C(catalog) is left out.
     type: dict
     default: {}
+  facts:
+    description:
+      - Return the GPUs read before the transaction as C(ansible_facts.nvidia). A caller that read them just before
+        and reads them again after its reboot (the node_upgrade role) leaves them out of the result.
+    type: bool
+    default: true
 attributes:
   check_mode:
     support: full
@@ -93,7 +99,9 @@ repository_query:
   returned: always
   type: dict
 plan:
-  description: M(gpufleet.nvidia.driver_transaction)'s result (C(resolved), C(plan), C(action), C(local_facts), ...).
+  description:
+    - M(gpufleet.nvidia.driver_transaction)'s result (C(resolved), C(plan), C(action), C(local_facts), ...), without
+      its package lists (C(installed), C(installed_after)) and C(local_facts_previous).
   returned: with the install phase
   type: dict
 loaded_version:
@@ -104,8 +112,14 @@ reboot_required:
   description: Whether the version the transaction installed is not the loaded one.
   returned: with the install phase
   type: bool
+driver_result:
+  description:
+    - The driver role's C(driver_result) (C(resolved), C(action), C(previous_version), C(steps), C(reboot_required),
+      C(loaded_version), C(local_facts), C(services), C(finished_epoch) in epoch seconds), built here in one piece.
+  returned: with the install phase
+  type: dict
 ansible_facts:
   description: C(nvidia) as M(gpufleet.nvidia.gpu_facts) read it before the transaction.
-  returned: with the install phase
+  returned: with the install phase and O(facts)
   type: dict
 """

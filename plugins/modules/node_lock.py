@@ -58,9 +58,16 @@ options:
         type: path
         required: true
       content:
-        description: The JSON object to write.
+        description:
+          - The JSON object to write. With O(close.update), what is written when the file is missing or cannot be
+            used (not a JSON object).
         type: dict
-        required: true
+      update:
+        description:
+          - Keys to set in the JSON object the file holds. The file is read on the node, these keys set, and it is
+            written back (the caller need not send the whole object it closes).
+          - A file that is missing or cannot be used gets O(close.content) with these keys, or these keys alone.
+        type: dict
   remove:
     description:
       - With O(state=release), state files to remove first (one that is absent is left so); RV(removed) lists
@@ -195,6 +202,21 @@ def write_state(module, path, content):
     return write_file(module, path, json.dumps(content, indent=4, sort_keys=True) + "\n", 0o600)
 
 
+def closed_content(close):
+    """The JSON object O(close) writes: O(close.content), or the file's object with O(close.update)'s keys set.
+
+    :param close: ``{"path": str, "content": dict | None, "update": dict | None}``.
+    :returns: a dict. A file that is missing or unreadable (node_lock.read_state) counts as
+        ``content`` (or an empty object).
+    :raises OSError: the file exists and cannot be opened.
+    """
+    if close.get("update") is None:
+        return close["content"]
+    found = node_lock.read_state(close["path"])["content"]
+    base = found if isinstance(found, dict) else (close.get("content") or {})
+    return dict(base, **close["update"])
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -202,8 +224,9 @@ def main():
             files=dict(type="dict"),
             state=dict(type="str", choices=["read", "acquire", "release", "write"], default="read"),
             content=dict(type="dict"),
-            close=dict(type="dict", options=dict(path=dict(type="path", required=True),
-                                                 content=dict(type="dict", required=True))),
+            close=dict(type="dict", options=dict(path=dict(type="path", required=True), content=dict(type="dict"),
+                                                 update=dict(type="dict")),
+                       required_one_of=[("content", "update")]),
             remove=dict(type="list", elements="path", default=[]),
             lock=dict(type="dict"),
             expect=dict(type="str", default=""),
@@ -234,7 +257,7 @@ def main():
         removed = []
         if state == "release" and close:
             try:
-                written = write_state(module, close["path"], close["content"])
+                written = write_state(module, close["path"], closed_content(close))
             except OSError as exc:
                 module.fail_json(msg="%s: %s (the lock is still held)" % (close["path"], exc))
         for gone in module.params["remove"] if state == "release" else []:

@@ -116,7 +116,8 @@ ansible_facts:
   type: dict
 state:
   description: What the node holds (C(flag), C(lock_found), C(lock_identity), C(saved_snapshot), C(driver_local),
-    C(drain_record), C(os_reboot_requested), C(boot_id)).
+    C(drain_record), C(os_reboot_requested), C(boot_id)). With O(resolve), a C(saved_snapshot) of another rollout
+    comes without its evidence (C(facts), C(local_facts), C(trace), C(benchmark)).
   returned: always
   type: dict
 sched:

@@ -68,7 +68,9 @@ class NodeAction(ValidatedAction):
         :param args: its arguments (a dict).
         :param what: what the run is for; a failure then raises naming it and the module.
             ``None``: a failure is returned (its ``failed`` and ``msg``), not raised.
-        :returns: the module's result, without its ``warnings`` and Ansible's internal keys.
+        :returns: the module's result, without its ``warnings``, its ``invocation`` (the arguments it
+            was given: the caller has them, and they would travel back to the controller in this
+            task's result) and Ansible's internal keys.
         :raises AnsibleActionFail: ``"<what> (<name>): <the module's msg>"`` when the module failed
             and ``what`` is given.
         """
@@ -80,4 +82,4 @@ class NodeAction(ValidatedAction):
         if result.get("failed") and what is not None:
             raise AnsibleActionFail("%s (%s): %s" % (what, name, result.get("msg") or "failed"))
         return dict((key, value) for key, value in result.items()
-                    if not key.startswith("_ansible") and key != "warnings")
+                    if not key.startswith("_ansible") and key not in ("warnings", "invocation"))

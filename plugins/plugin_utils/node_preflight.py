@@ -105,6 +105,30 @@ def drain_record(previous: Optional[Mapping[str, Any]], backend: str, rollout_id
             "first_drained_by": previous.get("first_drained_by") or previous.get("rollout_id") or rollout_id}
 
 
+#: What a snapshot holds as evidence (docs/contract.md): the largest part of a preflight's result.
+SNAPSHOT_EVIDENCE = ("facts", "local_facts", "trace", "benchmark")
+
+
+def snapshot_for_upgrade(saved: Any, rollout_id: str, unrecorded: bool) -> Any:
+    """The saved snapshot as an upgrade's preflight returns it to the controller.
+
+    An upgrade reads a snapshot's evidence only when the snapshot is an open attempt of its own
+    rollout (resumed: ``rollout_verdict.rollout_snapshot``) or the upgrade of a run that was killed
+    before it recorded the node (``rollout_verdict.left_over``'s ``unrecorded``: the record's
+    before-state). Any other snapshot keeps only what says whose it is and how it ended. A
+    rollback (``rollback.yml``) reads the whole snapshot.
+
+    :param saved: the snapshot file's content (:func:`read_state`'s ``saved_snapshot``), any type.
+    :param rollout_id: this rollout's id.
+    :param unrecorded: the decision's ``left.unrecorded``.
+    :returns: ``saved`` itself when it is not a mapping, is an open attempt of ``rollout_id`` or
+        ``unrecorded``; else a dict of it without :data:`SNAPSHOT_EVIDENCE`.
+    """
+    if not isinstance(saved, Mapping) or unrecorded or _open_attempt(saved, rollout_id):
+        return saved
+    return dict((key, value) for key, value in saved.items() if key not in SNAPSHOT_EVIDENCE)
+
+
 def _open_attempt(saved: Mapping[str, Any], rollout_id: str) -> bool:
     return saved.get("rollout_id", "") == rollout_id and not saved.get("completed")
 

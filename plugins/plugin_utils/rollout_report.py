@@ -102,7 +102,9 @@ def cut_off_record(node: str, stage: str, rollout_id: str, run_id: str, answers:
 
     :param answers: whether the node answers now (a ``ping`` at the end of the step).
     :param hostvars: the node's host variables in this run (``__node_upgrade_marks``: epoch
-        seconds per phase, ``__node_upgrade_target``, ``__node_upgrade_preflight_facts``).
+        seconds per phase, ``__node_upgrade_target``, the preflight's GPU facts: the registered
+        ``__node_upgrade_read.ansible_facts.nvidia``, or ``__node_upgrade_preflight_facts`` that a
+        gate's recovery sets).
     :returns: a record for :func:`store_record`: ``result`` ``unreachable`` (it does not answer)
         or ``interrupted`` (it answers again), ``flags`` ``[result]``, ``reason``, ``marks``,
         ``target``, ``before``.
@@ -118,7 +120,8 @@ def cut_off_record(node: str, stage: str, rollout_id: str, run_id: str, answers:
                  "lost its connection and answers again" if answers else "stopped answering", after,
                  "drained and " if drained else "")
     target = hostvars.get("__node_upgrade_target") or None
-    facts = hostvars.get("__node_upgrade_preflight_facts") or {}
+    facts = hostvars.get("__node_upgrade_preflight_facts") \
+        or ((hostvars.get("__node_upgrade_read") or {}).get("ansible_facts") or {}).get("nvidia") or {}
     driver = facts.get("driver") if isinstance(facts, Mapping) else None
     marks["finished"] = now if now is not None else time.time()
     return {"node": node, "stage": stage, "rollout_id": rollout_id, "run_id": run_id, "result": result,

@@ -64,6 +64,11 @@ def test_apt_repository_then_the_transaction_with_what_was_loaded_in_one_task():
     assert result["reboot_required"] is True and result["plan"]["action"] == "upgrade"
     assert result["changed"] is True and result["repository_changed"] is False
     assert result["finished_epoch"] > 0
+    # The role's driver_result, whole: its set_fact copies it.
+    assert result["driver_result"] == {
+        "resolved": {"version": "620.82.01", "branch": "620"}, "action": "upgrade", "previous_version": "580.126.20",
+        "steps": [], "reboot_required": True, "loaded_version": "580.126.20", "local_facts": {}, "services": {},
+        "finished_epoch": result["finished_epoch"]}
 
 
 def test_a_key_that_is_not_the_pinned_one_is_refused_before_the_node_is_changed():
@@ -108,3 +113,34 @@ def test_the_modules_diffs_are_the_tasks_diff():
     result = plugin.run(task_vars={"ansible_facts": DEBIAN})
     assert result["diff"] == repo_diff + [plan_diff]
     assert "diff" not in result["plan"]
+
+
+def test_the_modules_arguments_do_not_travel_back_in_the_result():
+    # A module's result echoes the arguments it was given (invocation): for driver_transaction the
+    # GPU list and the repository, which the controller already holds. The task's result drops them.
+    echoed = dict(TRANSACTION, invocation={"module_args": {"gpus": [nvidia()] * 8}},
+                  installed={"nvidia-driver": "580.126.20"}, installed_after={"nvidia-driver": "620.82.01"},
+                  local_facts_previous={"known_good": "580.126.20"})
+    answers = dict(ANSWERS, **{"gpufleet.nvidia.driver_transaction": echoed,
+                               "gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": nvidia()},
+                                                             "invocation": {"module_args": {"kernel_log": False}}}})
+    args = {"repository": REPOSITORY,
+            "transaction": {"branch": "ltsb", "local_facts": {"path": "/etc/ansible/facts.d/gpufleet_driver.fact"}}}
+    plugin, _calls = action(args, answers)
+    result = plugin.run(task_vars={"ansible_facts": DEBIAN})
+    assert "invocation" not in result["plan"]
+    assert not set(result["plan"]) & {"installed", "installed_after", "local_facts_previous"}
+    assert result["plan"]["resolved"] == {"version": "620.82.01", "branch": "620"}
+    assert result["ansible_facts"]["nvidia"]["driver"]["loaded_version"] == "580.126.20"
+    assert result["reboot_required"] is True
+
+
+def test_a_caller_that_reads_the_gpus_itself_gets_no_facts_back():
+    args = {"repository": REPOSITORY, "facts": False,
+            "transaction": {"branch": "ltsb", "local_facts": {"path": "/etc/ansible/facts.d/gpufleet_driver.fact"}}}
+    plugin, calls = action(args, ANSWERS)
+    result = plugin.run(task_vars={"ansible_facts": DEBIAN})
+    # The GPUs are still read: the transaction needs them and the loaded version.
+    assert [name for name, _a, _c in calls][1] == "gpufleet.nvidia.gpu_facts"
+    assert "ansible_facts" not in result
+    assert result["loaded_version"] == "580.126.20" and result["driver_result"]["previous_version"] == "580.126.20"

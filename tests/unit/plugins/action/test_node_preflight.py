@@ -275,3 +275,37 @@ def test_the_drain_record_is_one_function_for_the_action_and_the_drain_tasks():
     again = rollout_drain_record(first, "slurm", "driver-620", "ctl-200-1", "gpufleet: rollout", "2026-12-06T06:00:00Z")
     assert again["first_drained_by"] == "driver-ltsb" and again["reason"] == "gpufleet: rollout"
     assert rollout_drain_record(None, "none", "r", "x", "", "t")["first_drained_by"] == "r"
+
+
+def test_an_upgrade_gets_another_rollouts_snapshot_without_its_evidence_and_a_rollback_gets_all_of_it():
+    other = {"rollout_id": "driver-580", "run_id": "ctl-1-1", "completed": True, "result": "upgraded",
+             "facts": facts(), "local_facts": {"known_good": OLD}, "trace": {"csv": "t\n0\n"}, "benchmark": 1.0}
+    ours = dict(other, rollout_id="driver-ltsb", completed=False)
+    answers = {"ansible.builtin.setup": {"ansible_facts": {"ansible_distribution": "Debian",
+                                                           "ansible_distribution_major_version": "12",
+                                                           "ansible_distribution_version": "12.7",
+                                                           "ansible_kernel": "6.1.0-25-amd64"}},
+               "gpufleet.nvidia.gpu_facts": {"ansible_facts": {"nvidia": facts()}},
+               "gpufleet.nvidia.node_lock": files(snapshot=other),
+               "gpufleet.nvidia.driver_resolve": dict(RESOLVED, changed=False)}
+    upgrade = dict(ARGS, resolve={"branch": "ltsb"})
+    plugin, _calls = action(upgrade, answers)
+    saved = plugin.run(task_vars={"ansible_facts": {}})["state"]["saved_snapshot"]
+    assert saved == {"rollout_id": "driver-580", "run_id": "ctl-1-1", "completed": True, "result": "upgraded"}
+    # This rollout's own snapshot (an interrupted attempt to resume) keeps its evidence.
+    answers["gpufleet.nvidia.node_lock"] = files(snapshot=ours)
+    plugin, _calls = action(upgrade, answers)
+    result = plugin.run(task_vars={"ansible_facts": {}})
+    assert result["state"]["saved_snapshot"] == ours
+    assert result["decision"]["preflight"]["action"] == "upgrade"
+    # This rollout's snapshot, closed: nothing reads its evidence any more.
+    answers["gpufleet.nvidia.node_lock"] = files(snapshot=dict(ours, completed=True))
+    plugin, _calls = action(upgrade, answers)
+    assert "facts" not in plugin.run(task_vars={"ansible_facts": {}})["state"]["saved_snapshot"]
+    # ... unless a run killed before it recorded the node upgraded it: its before-state is the record's.
+    assert node_preflight.snapshot_for_upgrade(dict(ours, completed=True), "driver-ltsb", True)["facts"] == ours["facts"]
+    assert node_preflight.snapshot_for_upgrade("not a mapping", "driver-ltsb", False) == "not a mapping"
+    # A rollback's read (no resolve) returns another rollout's snapshot whole: its facts are the target.
+    answers["gpufleet.nvidia.node_lock"] = files(snapshot=other)
+    plugin, _calls = action(dict(ARGS), answers)
+    assert plugin.run(task_vars={"ansible_facts": {}})["state"]["saved_snapshot"]["facts"]["driver"]["loaded_version"] == OLD

@@ -215,7 +215,7 @@ def test_action_start_record_render_and_probe(tmp_path):
 def test_cut_off_node_is_recorded_out_of_service_with_how_far_it_got():
     hostvars = {"__node_upgrade_marks": {"started": 10.0, "drained": 20.0, "snapshot": 25.0},
                 "__node_upgrade_target": "620.82.01",
-                "__node_upgrade_preflight_facts": {"driver": {"loaded_version": "580.126.20"}}}
+                "__node_upgrade_read": {"ansible_facts": {"nvidia": {"driver": {"loaded_version": "580.126.20"}}}}}
     record = rr.cut_off_record("node04", "waves", "driver-ltsb", "ctl-1-1", False, hostvars, now=99.0)
     assert record["result"] == "unreachable" and record["flags"] == ["unreachable"]
     assert record["reason"].startswith("the node stopped answering after its snapshot; its transaction did not "
@@ -223,6 +223,10 @@ def test_cut_off_node_is_recorded_out_of_service_with_how_far_it_got():
     assert record["drained"] is True
     assert record["target"] == {"version": "620.82.01"} and record["before"] == {"loaded": "580.126.20"}
     assert record["marks"]["finished"] == 99.0 and record["marks"]["drained"] == 20.0
+    # A gate's recovery sets the preflight facts of its own transaction: they come first.
+    recovered = dict(hostvars, __node_upgrade_preflight_facts={"driver": {"loaded_version": "620.82.01"}})
+    assert rr.cut_off_record("node04", "waves", "driver-ltsb", "ctl-1-1", False, recovered,
+                             now=99.0)["before"] == {"loaded": "620.82.01"}
     assert rollout_journal.status_of(record["result"]) == "failed"
     # Cut off during its drain, answering again: interrupted, not drained by the transaction, implicates nothing.
     early = rr.cut_off_record("node05", "waves", "driver-ltsb", "ctl-1-1", True,
@@ -343,3 +347,4 @@ def test_traces_are_written_beside_the_report_with_what_moved(tmp_path):
     assert rr.contract_lines({"gpu_x": {"node": "g", "changes": "abc"}, "gpu_y": [1], "gpu_z": {
         "node": "z", "changes": [None, {"field": "kernel", "decision": "unexplained"}]}}) == [
         "gpu_x (g): no change", "gpu_z (z): 1 unexplained: kernel (unexplained)"]
+

@@ -83,3 +83,31 @@ def test_a_release_removes_the_flag_of_a_node_that_succeeded_and_an_absent_file_
     code, result = run_module({"state": "release", "path": str(lock), "run_id": "other-2-2", "remove": [str(flag)],
                                "_ansible_check_mode": True}, capsys)
     assert code == 0 and flag.exists()
+
+
+def test_a_snapshot_is_closed_on_the_node_with_only_the_keys_that_change(tmp_path, capsys):
+    snapshot, lock = tmp_path / "snapshot.json", tmp_path / "lock.json"
+    saved = {"rollout_id": "driver-ltsb", "boot_id": "b1", "facts": {"gpu_count": 8}, "trace": {"csv": "t\n0\n"}}
+    snapshot.write_text(json.dumps(saved))
+    lock.write_text(json.dumps({"rollout_id": "driver-ltsb", "run_id": "ctl-1-1"}))
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "ctl-1-1",
+                               "close": {"path": str(snapshot), "update": {"completed": True, "result": "upgraded"}}},
+                              capsys)
+    assert code == 0 and result["released"] is True and result["written"] is True
+    assert json.loads(snapshot.read_text()) == dict(saved, completed=True, result="upgraded")
+    # A snapshot cut short (not JSON): the fallback content with the keys, not the broken file.
+    snapshot.write_text("{\"rollout_id\": \"dri")
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "ctl-1-1",
+                               "close": {"path": str(snapshot), "content": {"facts": None, "local_facts": {}},
+                                         "update": {"completed": True, "result": "rolled_back"}}}, capsys)
+    assert code == 0 and result["written"] is True
+    assert json.loads(snapshot.read_text()) == {"facts": None, "local_facts": {}, "completed": True, "result": "rolled_back"}
+    # A missing snapshot and no fallback: the keys alone.
+    snapshot.unlink()
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "ctl-1-1",
+                               "close": {"path": str(snapshot), "update": {"completed": True, "result": "failed"}}}, capsys)
+    assert json.loads(snapshot.read_text()) == {"completed": True, "result": "failed"}
+    # Neither content nor update: refused.
+    code, result = run_module({"state": "release", "path": str(lock), "run_id": "ctl-1-1",
+                               "close": {"path": str(snapshot)}}, capsys)
+    assert code == 1 and "content" in result["msg"] and "update" in result["msg"]
