@@ -28,6 +28,7 @@ ARGUMENT_SPEC = {
     "hold": {"type": "bool", "default": False},
     "node_class": {"type": "str"},
     "traces": {"type": "dict"},
+    "fail_msg": {"type": "str"},
 }
 
 
@@ -136,6 +137,10 @@ class ActionModule(ControllerAction):
                     directory, _journal_event(merged, hold, stamp)))
             result["paths"] = {"record": path, "json": os.path.join(directory, "rollout-report.json"),
                                "markdown": os.path.join(directory, "rollout-report.md")}
+            if args["fail_msg"]:
+                # Recorded first: the host fails with its record written.
+                result["failed"] = True
+                result["msg"] = args["fail_msg"]
         if state == "render" or (state == "start" and args["plan"] is not None):
             done = rollout_report.render(directory, iso, step_end=state == "render")
             report = done["report"]

@@ -54,6 +54,12 @@ options:
         before its soak and the check after it); O(state=finish) ends it.
     type: bool
     default: false
+  fail_msg:
+    description:
+      - With O(state=record), fail the task with this message once the record is written (a node that did
+        not reach its goal fails its host in the same task that records it). Empty or absent, the task does
+        not fail.
+    type: str
   traces:
     description:
       - With O(state=record), the node's GPU traces before and after the update, C({before, after}), each C({csv})

@@ -348,3 +348,33 @@ def test_traces_are_written_beside_the_report_with_what_moved(tmp_path):
         "node": "z", "changes": [None, {"field": "kernel", "decision": "unexplained"}]}}) == [
         "gpu_x (g): no change", "gpu_z (z): 1 unexplained: kernel (unexplained)"]
 
+
+def test_a_record_with_a_fail_msg_is_written_then_fails_its_host(tmp_path):
+    playbook = tmp_path / "pb.yml"
+    playbook.write_text(
+        "- name: Report\n"
+        "  hosts: localhost\n"
+        "  gather_facts: false\n"
+        "  tasks:\n"
+        "    - name: Record a node rolled back, failing its host\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: record\n"
+        "        report_dir: rep\n"
+        "        record: {node: n2, stage: waves, result: rolled_back, reason: 'Xid 79 after reboot',\n"
+        "                 marks: {started: 20.0}}\n"
+        "        fail_msg: 'n2: rolled_back: Xid 79 after reboot'\n"
+        "    - name: Not reached\n"
+        "      ansible.builtin.debug:\n"
+        "        msg: REACHED\n"
+    )
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "n2: rolled_back: Xid 79 after reboot" in proc.stdout and "REACHED" not in proc.stdout
+    stored = json.loads((tmp_path / "rep" / "nodes" / "n2.json").read_text())
+    assert stored["result"] == "rolled_back" and stored["reason"] == "Xid 79 after reboot"
+    journal = (tmp_path / "rep" / "journal.jsonl").read_text() if (tmp_path / "rep" / "journal.jsonl").exists() else ""
+    assert '"node": "n2"' in journal and '"status": "failed"' in journal

@@ -114,6 +114,14 @@ def test_a_poll_interval_that_makes_the_free_strategy_spin_is_named_with_the_fix
     assert poll_interval_warning(None, 16) is None
 
 
+def test_the_plans_check_of_main_covers_the_gate_which_the_steps_include_without_a_check():
+    # playbooks/rollout_step.yml includes the gate with rolespec_validate false: sound only while
+    # each gate option is main's, with the same type, elements and choices.
+    main, gate = rollout_step.role_options("node_upgrade"), rollout_step.role_options("node_upgrade", "gate")
+    assert len(gate) >= 5 and "node_upgrade_soak_s" in gate
+    assert dict((name, main.get(name)) for name in gate) == gate
+
+
 def test_the_nodes_values_are_checked_against_node_upgrades_argument_spec_at_the_plan():
     spec = rollout_step.role_options("node_upgrade")
     # What the inventory may set, as the role's spec declares it; no default or required of the role's.
