@@ -69,21 +69,32 @@ def unknown_variables(names, known):
 _COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def role_argument_specs(role, root=_COLLECTION):
+    """A role's argument specs by entry point (I/O: reads YAML).
+
+    Source: ``roles/<role>/meta/argument_specs.yml``, the specs Ansible checks when the role is
+    included.
+
+    :returns: ``{entry point: {"options": {...}, ...}}``; ``{}`` when the role has none.
+    """
+    path = os.path.join(root, "roles", role, "meta", "argument_specs.yml")
+    if not os.path.exists(path):
+        return {}
+    with open(path, "r", encoding="utf-8") as handle:
+        return (yaml.safe_load(handle) or {}).get("argument_specs") or {}
+
+
 def known_variables(root=_COLLECTION):
     """Every variable the collection reads or sets under its prefixes (I/O: reads YAML).
 
-    Source: each role's ``meta/argument_specs.yml`` (all entry points) and
+    Source: each role's argument specs (all entry points, :func:`role_argument_specs`) and
     ``playbooks/vars/known_variables.yml`` (playbook variables and the results roles set).
     """
     names = set()
     roles = os.path.join(root, "roles")
     for role in sorted(os.listdir(roles)) if os.path.isdir(roles) else []:
-        path = os.path.join(roles, role, "meta", "argument_specs.yml")
-        if os.path.exists(path):
-            with open(path, "r", encoding="utf-8") as handle:
-                specs = yaml.safe_load(handle) or {}
-            for entry in (specs.get("argument_specs") or {}).values():
-                names.update((entry.get("options") or {}).keys())
+        for entry in role_argument_specs(role, root).values():
+            names.update((entry.get("options") or {}).keys())
     with open(os.path.join(root, "playbooks", "vars", "known_variables.yml"), "r", encoding="utf-8") as handle:
         names.update(yaml.safe_load(handle).get("gpufleet_known_variables") or [])
     return names
@@ -96,17 +107,12 @@ _SPEC_KEYS = ("type", "elements", "choices")
 def role_options(role, entry="main", root=_COLLECTION):
     """A role entry point's options as an argument spec of their values (I/O: reads YAML).
 
-    Source: ``roles/<role>/meta/argument_specs.yml``, the spec Ansible checks when the role is
-    included. Only ``type``, ``elements`` and ``choices`` are kept: a default or ``required``
-    is the role's business, not the inventory's.
+    Source: :func:`role_argument_specs`. Only ``type``, ``elements`` and ``choices`` are kept: a
+    default or ``required`` is the role's business, not the inventory's.
 
     :returns: ``{option: {"type", ["elements"], ["choices"]}}``; ``{}`` when the role has none.
     """
-    path = os.path.join(root, "roles", role, "meta", "argument_specs.yml")
-    if not os.path.exists(path):
-        return {}
-    with open(path, "r", encoding="utf-8") as handle:
-        entry_spec = ((yaml.safe_load(handle) or {}).get("argument_specs") or {}).get(entry) or {}
+    entry_spec = role_argument_specs(role, root).get(entry) or {}
     return dict((name, dict((key, option[key]) for key in _SPEC_KEYS if key in option))
                 for name, option in (entry_spec.get("options") or {}).items())
 
