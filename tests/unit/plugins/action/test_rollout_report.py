@@ -157,6 +157,15 @@ def test_pid_alive_and_start_ticks(tmp_path):
     assert pid_alive(4242, str(tmp_path)) is False
 
 
+def run_playbook(playbook):
+    """Run ``playbook`` (a path) with ansible-playbook on localhost, in its directory: the process."""
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
+    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
+                          cwd=str(playbook.parent), env=env, capture_output=True, text=True, check=False)
+
+
 def test_action_start_record_render_and_probe(tmp_path):
     playbook = tmp_path / "pb.yml"
     playbook.write_text(
@@ -194,11 +203,7 @@ def test_action_start_record_render_and_probe(tmp_path):
         "        msg: \"RESULT {{ {'run': started.run, 'alive': probe.alive, 'status': rendered.status,\n"
         "                           'summary': rendered.summary, 'changed': recorded.changed} | to_json }}\"\n"
     )
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
-                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
-                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    proc = run_playbook(playbook)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = proc.stdout.split("RESULT ", 1)[1].split("\n")[0].rstrip('"').replace('\\"', '"')
     result = json.loads(line)
@@ -367,11 +372,7 @@ def test_a_record_with_a_fail_msg_is_written_then_fails_its_host(tmp_path):
         "      ansible.builtin.debug:\n"
         "        msg: REACHED\n"
     )
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
-               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default")
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
-                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
-                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    proc = run_playbook(playbook)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "n2: rolled_back: Xid 79 after reboot" in proc.stdout and "REACHED" not in proc.stdout
     stored = json.loads((tmp_path / "rep" / "nodes" / "n2.json").read_text())
