@@ -27,11 +27,14 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_headline import node_headline
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import (
+    decode_escapes,
     gpu_identities,
     parse_kernel_log,
     summarize_xids,
 )
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log_coverage
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_signals
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import nvswitch_log
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import rollout_marks
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.pcie_links import gpu_link_report, parse_lspci_links
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.smi_text import parse_nvidia_smi_text
@@ -158,7 +161,12 @@ def _node_section(inputs: Dict[str, Any], facts: Dict[str, Any], capture: bool) 
     kernel_log = inputs.get("kernel_log")
     failures = node_signals.module_load_failures(kernel_log)
     node["module_load_failures"] = failures
-    facts["driver_messages"] = node_signals.reset_required_messages(kernel_log)[:16]
+    node["probe_failures"] = node_signals.probe_failures(kernel_log)
+    messages = [dict(message, kind="reset_required") for message in node_signals.reset_required_messages(kernel_log)]
+    facts["driver_messages"] = (node_signals.gpu_init_failures(kernel_log) + messages)[:16]
+    if kernel_log:
+        facts["sxid_events"] = nvswitch_log.parse_sxids(kernel_log)
+        facts["kernel_log_unrecognised"] = kernel_log_coverage.unrecognised_lines(kernel_log)
     node["secure_boot"] = node_signals.parse_mokutil_sb_state(inputs.get("mokutil_sb_state"))
     node["module_signer"] = node_signals.module_signer(inputs.get("modinfo"))
     if any(f["reason"] == "signature_rejected" for f in failures):
@@ -197,6 +205,9 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
     :raises CaptureError: for a captured file that is binary or cannot be parsed.
     """
     inputs = decode_capture(raw) if capture else dict(raw)
+    if inputs.get("kernel_log"):
+        # One decoding of the shippers' escapes (#012, \n) for every reader of the log.
+        inputs["kernel_log"] = decode_escapes(inputs["kernel_log"])
     nvml = inputs.get("nvml")
     nvml_ok = bool(nvml) and nvml.get("init_error") is None
     smi_warnings = []  # type: List[str]

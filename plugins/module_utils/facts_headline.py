@@ -22,7 +22,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import action_rank
 
 #: Verdicts of a node, from best to worst knowledge.
-VERDICTS = ("healthy", "unhealthy", "unknown")
+VERDICTS = ("healthy", "degraded", "unhealthy", "unknown")
 
 #: Driver states that need an action, and that action (facts_model.DRIVER_STATES).
 DRIVER_ACTIONS = {
@@ -41,6 +41,10 @@ _STEPS = {
     "install_driver": "install the NVIDIA driver (gpufleet.nvidia.driver role)",
     "load_driver": "load the nvidia kernel module (modprobe nvidia) or reboot",
     "reinstall_driver": "reinstall the driver for the running kernel (a reboot will not fix it)",
+    "read_unrecognised": "read the kernel-log lines listed under kernel_log_unrecognised: no rule of this "
+                         "collection reads them; drain the node if they name a fault, and report the lines",
+    "check_clocks": "look at cooling and power delivery of %s (its clocks are held down by hardware); drain it if "
+                    "it stays slow",
     "clear_rollout_flag": "fix what the flag's reason names, then run playbooks/rollback.yml --limit <node>: it "
                           "verifies the node, clears the flag and undrains it",
 }
@@ -80,7 +84,9 @@ def node_headline(facts: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         rollout flagged (``rollout.flagged``, rollout_marks) has the flag as a node problem.
         ``verdict`` is ``unhealthy`` when a GPU is not usable, the node has a problem or the
         driver state needs an action; else ``unknown`` when the GPU count or the driver state
-        could not be read; else ``healthy``.
+        could not be read, or a kernel-log line of the NVIDIA modules at error level was not
+        understood (``kernel_log_unrecognised`` in ``unknown``); else ``degraded`` when a GPU's
+        clocks are held down by hardware (gpu_health.degraded_gpus); else ``healthy``.
     :raises: nothing.
     """
     facts = facts or {}
@@ -128,10 +134,23 @@ def node_headline(facts: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         action = driver_action
         next_step = _STEPS[driver_action]
 
+    not_read = list(health.get("unknown") or [])
+    if not_read:
+        unknown.append("kernel_log_unrecognised")
+    degraded = list(health.get("degraded") or [])
+    if not gpus and not problems and not driver_action:
+        if not_read:
+            action, next_step = "read_unrecognised", _STEPS["read_unrecognised"]
+        elif degraded:
+            action = "check_clocks"
+            next_step = _STEPS["check_clocks"] % gpu_label(degraded[0])
+
     if gpus or problems or driver_action:
         verdict = "unhealthy"
-    elif "gpu_count" in unknown or "driver.state" in unknown:
+    elif "gpu_count" in unknown or "driver.state" in unknown or not_read:
         verdict = "unknown"
+    elif degraded:
+        verdict = "degraded"
     else:
         verdict = "healthy"
 
@@ -145,6 +164,10 @@ def node_headline(facts: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         parts.append(problem.get("reason") or problem.get("kind") or "")
     if driver_action:
         parts.append("driver %s" % driver.get("state"))
+    if not parts and not_read:
+        parts.extend(not_read[:1])
+    if not parts and degraded:
+        parts.append("%s held down by hardware (%s)" % (gpu_label(degraded[0]), ", ".join(degraded[0]["reasons"])))
     if not parts:
         if verdict == "healthy":
             parts.append("%d GPU(s) usable, driver %s" % (count, driver.get("userspace_version")

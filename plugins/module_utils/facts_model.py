@@ -276,7 +276,8 @@ def new_facts(source: str = "none") -> Dict[str, Any]:
 
     :param source: one of :data:`SOURCES`.
     :returns: ``{schema_version, source, driver, gpus, gpu_count, attached_gpus, xid_events,
-        kernel_log_gpus, driver_messages, node, unsupported, warnings}``; ``gpu_count`` is ``None``
+        kernel_log_gpus, driver_messages, sxid_events, kernel_log_unrecognised, node, unsupported,
+        warnings}``; ``gpu_count`` is ``None``
         (not counted) until a GPU source answers.
     :raises ValueError: when ``source`` is not one of :data:`SOURCES`.
     """
@@ -292,6 +293,8 @@ def new_facts(source: str = "none") -> Dict[str, Any]:
         "xid_events": [],
         "kernel_log_gpus": [],
         "driver_messages": [],
+        "sxid_events": [],
+        "kernel_log_unrecognised": None,
         "node": new_node(),
         "unsupported": [],
         "warnings": [],
@@ -305,6 +308,7 @@ def new_node() -> Dict[str, Any]:
     of ``modinfo nvidia``; ``None`` unsigned or not read), ``module_signer_trusted`` (bool: ``False``
     when the kernel refused the module's signature, ``True`` when the signed module is loaded under
     Secure Boot, else ``None``), ``module_load_failures`` (list, node_signals.module_load_failures),
+    ``probe_failures`` (list, node_signals.probe_failures: GPUs the loaded driver refused),
     ``peermem_loaded_version`` (str: ``/sys/module/nvidia_peermem/version``), ``peermem_state``
     (``"loaded"``, ``"failed"``, ``"not_loaded"``, or ``None`` when not read).
     """
@@ -313,6 +317,7 @@ def new_node() -> Dict[str, Any]:
         "module_signer": None,
         "module_signer_trusted": None,
         "module_load_failures": [],
+        "probe_failures": [],
         "peermem_loaded_version": None,
         "peermem_state": None,
     }

@@ -12,6 +12,20 @@ its own problems, with their own remedies: a driver module the kernel refused to
 signature rejected under Secure Boot: a reboot will not fix it) and a companion module that did
 not load (``nvidia_peermem``: GPUDirect RDMA is gone while every GPU looks fine).
 
+Healthy means every signal was read and none was bad, not "nothing matched". Three more
+verdicts than usable / not usable keep that promise:
+
+- ``unknown``: a line of the NVIDIA modules at error level that no reader understood
+  (``kernel_log_unrecognised``, kernel_log_coverage): nothing can be said of what it means, so the
+  node is not healthy, and no gate takes it as verified;
+- ``degraded``: a GPU whose clocks are held down by hardware (HW slowdown, HW power brake,
+  thermal slowdown: NVML clocks event reasons) works, slower; not healthy at a gate, not a reset;
+- a fatal NVSwitch SXid (``sxid_events``, nvswitch_log) is a problem of the node's NVLink fabric,
+  and a GPU whose fabric registration is not ``completed``/``success`` (``gpus[].fabric``,
+  ``nvmlDeviceGetGpuFabricInfo``, ``nvidia-smi -q`` "Fabric") cannot run CUDA (field case 43);
+  a GPU the driver could not initialise (``driver_messages`` of kind ``gpu_init_failed``) is not
+  usable (field case 38).
+
 Pure functions over the ``ansible_facts.nvidia`` document (docs/facts.md, docs/contract.md).
 Sources: NVIDIA Xid catalog (xid_catalog), NVML API reference ("Field Value Enums",
 ``nvmlDeviceGetRemappedRows``, ``nvmlDeviceGetRetiredPagesPendingStatus``), field cases 04, 09,
@@ -62,7 +76,30 @@ NODE_PROBLEMS = {
         "the driver marked a GPU for reset without naming it",
         "reset the GPUs (nvidia-smi -r) or reboot, then read the node again",
         True),
+    "gpu_not_supported_by_driver": (
+        "the loaded driver refused a GPU at probe time",
+        "install a driver branch that supports the GPU (the driver role resolves driver_branch against the "
+        "node's architectures), or roll the node back to its last known-good driver",
+        False),
+    "nvswitch_fatal": (
+        "a fatal NVSwitch error (SXid) took down part of the NVLink fabric",
+        "re-initialise the fabric: reboot the node (or restart nvidia-fabricmanager with the GPUs reset) and "
+        "verify it again; inspect the switch tray and NVLink cables if the same links fail again",
+        True),
 }
+
+#: Health verdicts, best first (node_health's ``state``).
+STATES = ("healthy", "degraded", "unknown", "unhealthy")
+
+#: Clocks event reasons (facts_model.CLOCKS_EVENT_REASON_BITS names) that mean the hardware holds the
+#: clocks down: the GPU is degraded. Idle, application clocks, the software power cap, sync boost and
+#: the display clock are the GPU doing what it was told and are not judged.
+DEGRADING_CLOCKS_EVENT_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+                                  "sw_thermal_slowdown")
+
+#: Fabric states of a GPU that can run CUDA (``gpus[].fabric``; ``None``: no fabric, e.g. PCIe GPUs).
+_FABRIC_READY_STATES = (None, "completed", "not_supported")
+_FABRIC_READY_STATUS = (None, "success", "n/a")
 
 
 def _signal(source: str, action: str, reason: str, fatal: bool = False) -> Dict[str, Any]:
@@ -100,7 +137,18 @@ def gpu_signals(gpu: Mapping[str, Any], facts: Optional[Mapping[str, Any]] = Non
     signals = _xid_signals(facts, bus, ignore)
     for message in facts.get("driver_messages") or []:
         if bus is not None and message.get("pci_bus_id") == bus:
-            signals.append(_signal("driver_message", "reset_gpu", message.get("message") or ""))
+            reason = message.get("message") or ""
+            if message.get("kind") == "gpu_init_failed":
+                reason += "; the driver could not initialise it: reset it (power-cycle the node) and read it again"
+            signals.append(_signal("driver_message", "reset_gpu", reason))
+    fabric = gpu.get("fabric") or {}
+    state = fabric.get("state")
+    status = (fabric.get("status") or None) and str(fabric["status"]).lower()
+    if state not in _FABRIC_READY_STATES or (state == "completed" and status not in _FABRIC_READY_STATUS):
+        signals.append(_signal("field", "reset_gpu", "GPU fabric state %s%s: the GPU has not registered with the "
+                               "NVLink fabric and cannot run CUDA; start or fix nvidia-fabricmanager (NVLSM and the IB "
+                               "modules on NVLink5 systems), then reset the GPU (nvmlDeviceGetGpuFabricInfo)" % (
+                                   state, ", status %s" % fabric.get("status") if fabric.get("status") else "")))
     if not gpu.get("readable", True):
         signals.append(_signal("field", "reboot", "GPU unreadable (%s)" % ", ".join(gpu.get("errors") or ["?"])))
     if "GpuRequiresReset" in (gpu.get("errors") or []):
@@ -130,7 +178,7 @@ def node_problems(facts: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """Problems of the node as a whole, each with its remedy.
 
     :param facts: ``ansible_facts.nvidia`` (``node.module_load_failures``, ``driver.not_loaded_cause``,
-        ``driver_messages``).
+        ``driver_messages``, ``sxid_events``).
     :returns: ``[{"kind": a key of :data:`NODE_PROBLEMS`, "reason": str, "remedy": str,
         "reboot_fixes": bool, "evidence": [log lines]}]``.
     :raises: nothing.
@@ -159,6 +207,22 @@ def node_problems(facts: Mapping[str, Any]) -> List[Dict[str, Any]]:
         problems.append(_problem("module_signature_rejected", "Secure Boot is on and the module built for the running "
                                  "kernel (signer %s) is not loaded" % (signer or "none: unsigned"),
                                  list(driver.get("state_reasons") or [])[:2]))
+    for failure in node.get("probe_failures") or []:
+        what = {"not_supported": "not supported by this driver release",
+                "open_unsupported": "not supported by the open kernel modules (no GSP)",
+                "open_required": "needs the open kernel modules",
+                "legacy": "supported only by the %s legacy drivers" % failure.get("legacy_branch")}.get(
+                    failure.get("reason"), failure.get("reason"))
+        problems.append(_problem("gpu_not_supported_by_driver", "GPU %s%s: %s" % (
+            failure.get("pci_bus_id") or failure.get("gpu_name") or "?",
+            " (PCI ID %s)" % failure["pci_id"] if failure.get("pci_id") else "", what), [failure.get("first_line") or ""]))
+    fatal_sxids = [event for event in facts.get("sxid_events") or [] if event.get("fatal")]
+    if fatal_sxids:
+        switches = sorted(set(str(event.get("pci_bus_id")) for event in fatal_sxids))
+        records = sum(int(event.get("fatal_records") or 0) for event in fatal_sxids)
+        problems.append(_problem("nvswitch_fatal", "%d fatal SXid record(s) (SXid %s) on NVSwitch(es) %s" % (
+            records, ", ".join(sorted(set(str(event.get("sxid")) for event in fatal_sxids))), ", ".join(switches)),
+            [event.get("first_line") or "" for event in fatal_sxids[:3]]))
     unattributed = [m for m in facts.get("driver_messages") or [] if m.get("pci_bus_id") is None]
     if unattributed:
         problems.append(_problem("gpu_reset_required_unattributed", unattributed[0].get("message") or "",
@@ -194,6 +258,43 @@ def unlisted_gpus(facts: Mapping[str, Any]) -> List[Dict[str, Any]]:
     return out
 
 
+def degraded_gpus(facts: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """GPUs whose clocks the hardware holds down as they were read (:data:`DEGRADING_CLOCKS_EVENT_REASONS`).
+
+    :param facts: ``ansible_facts.nvidia`` (``gpus[].clocks_event_reasons``: names, or ``None`` when
+        not read).
+    :returns: ``[{"index", "pci_bus_id", "uuid", "serial", "reasons": [names]}]``.
+    :raises: nothing.
+    Source: NVML ``nvmlDeviceGetCurrentClocksEventReasons`` (HwSlowdown, HwThermalSlowdown,
+    HwPowerBrakeSlowdown, SwThermalSlowdown).
+    """
+    out = []
+    for gpu in facts.get("gpus") or []:
+        reasons = [r for r in gpu.get("clocks_event_reasons") or [] if r in DEGRADING_CLOCKS_EVENT_REASONS]
+        if reasons:
+            out.append({"index": gpu.get("index"), "pci_bus_id": gpu.get("pci_bus_id"), "uuid": gpu.get("uuid"),
+                        "serial": gpu.get("serial"), "reasons": reasons})
+    return out
+
+
+def unknown_signals(facts: Mapping[str, Any]) -> List[str]:
+    """What was not understood well enough to call the node healthy.
+
+    :param facts: ``ansible_facts.nvidia`` (``kernel_log_unrecognised``: kernel_log_coverage).
+    :returns: reasons, e.g. ``["2 kernel-log line(s) of the NVIDIA modules at error level that no rule
+        reads: [  81.9] NVRM: GPU0 ...; ..."]``; ``[]`` when everything was read.
+    :raises: nothing.
+    """
+    reasons = []
+    unrecognised = facts.get("kernel_log_unrecognised") or {}
+    errors = int(unrecognised.get("error_count") or 0)
+    if errors:
+        lines = [entry.get("line") or "" for entry in unrecognised.get("lines") or [] if entry.get("level") == "error"]
+        reasons.append("%d kernel-log line(s) of the NVIDIA modules at error level that no rule reads: %s" % (
+            errors, "; ".join(lines[:3]) or "(not kept)"))
+    return reasons
+
+
 def node_health(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = (),
                 include_unlisted: bool = True) -> Dict[str, Any]:
     """The usable / not usable verdict of every GPU and of the node.
@@ -203,15 +304,20 @@ def node_health(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] =
     :param include_unlisted: also judge the GPUs that only the kernel log names
         (:func:`unlisted_gpus`); a rollout's verification, which flags a lost GPU by the count
         and the fatal Xid already, passes ``False``.
-    :returns: ``{"healthy": bool, "gpus": [{"index", "pci_bus_id", "uuid", "serial", "listed",
-        "usable": False, "action": the most disruptive action of its signals, "signals": [...]}]
-        (only GPUs that are not usable; ``listed`` is false, and ``index`` ``None``, for a GPU
-        only the kernel log names, see :func:`unlisted_gpus`), "problems": node_problems(facts)}``. ``healthy`` is false when a GPU is
-        not usable or the node has a problem; ``None`` facts are not healthy.
+    :returns: ``{"healthy": bool, "state": one of :data:`STATES`, "gpus": [{"index", "pci_bus_id",
+        "uuid", "serial", "listed", "usable": False, "action": the most disruptive action of its
+        signals, "signals": [...]}] (only GPUs that are not usable; ``listed`` is false, and ``index``
+        ``None``, for a GPU only the kernel log names, see :func:`unlisted_gpus`), "problems":
+        node_problems(facts), "unknown": unknown_signals(facts), "degraded": degraded_gpus(facts)}``.
+        ``state`` is ``unhealthy`` when a GPU is not usable or the node has a problem, else
+        ``unknown`` when something was not understood, else ``degraded`` when a GPU is held down
+        by hardware, else ``healthy``; ``healthy`` is true for ``healthy`` alone. ``None`` facts are
+        ``unknown``.
     :raises: nothing.
     """
     if not facts:
-        return {"healthy": False, "gpus": [], "problems": []}
+        return {"healthy": False, "state": "unknown", "gpus": [], "problems": [], "unknown": ["no GPU facts"],
+                "degraded": []}
     ignore = list(ignore_xids)
     gpus = []
     for gpu in list(facts.get("gpus") or []) + (unlisted_gpus(facts) if include_unlisted else []):
@@ -222,7 +328,18 @@ def node_health(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] =
                          "serial": gpu.get("serial"), "listed": gpu.get("listed", True),
                          "usable": False, "action": action, "signals": signals})
     problems = node_problems(facts)
-    return {"healthy": not gpus and not problems, "gpus": gpus, "problems": problems}
+    unknown = unknown_signals(facts)
+    degraded = degraded_gpus(facts)
+    if gpus or problems:
+        state = "unhealthy"
+    elif unknown:
+        state = "unknown"
+    elif degraded:
+        state = "degraded"
+    else:
+        state = "healthy"
+    return {"healthy": state == "healthy", "state": state, "gpus": gpus, "problems": problems,
+            "unknown": unknown, "degraded": degraded}
 
 
 def gpu_label(gpu: Mapping[str, Any]) -> str:

@@ -131,6 +131,43 @@ _API_MISMATCH = re.compile(
 
 EventDict = Dict[str, Any]
 
+#: Patterns of the lines this module reads (kernel_log_coverage counts every other NVIDIA line).
+READS = (_XID, _FALLEN, _NV_RATE, _GPU_UUID, _GPU_SERIAL, re.compile(r"NVRM: API mismatch"))
+
+# rsyslog's escape of control characters (``#012`` newline, ``#011`` tab: ``#`` and three octal
+# digits, $EscapeControlCharactersOnReceive); a literal backslash-n that some shippers write.
+_OCTAL_ESCAPE = re.compile(r"#(0[0-3][0-7])")
+_BACKSLASH_N = re.compile(r"\\n")
+#: journald shows a message with control characters as ``[355B blob data]`` unless ``journalctl -a``.
+JOURNALD_BLOB = re.compile(r"\[\d+(?:\.\d+)?[KMGTPE]?B? blob data\]")
+#: "caused by previous Xid 149": a follow-on Xid names its root cause (R570 and later).
+_CAUSED_BY = re.compile(r"caused by previous Xid (?P<xid>\d+)", re.IGNORECASE)
+
+
+def decode_escapes(text: Optional[str]) -> Optional[str]:
+    """Undo the escapes that log shippers put into multi-line kernel messages.
+
+    One ``printk`` with newlines (the NVIDIA driver's "API mismatch", its RPC dumps) reaches a
+    syslog file as one line when rsyslog escapes control characters: ``#012`` for a newline,
+    ``#011`` for a tab (``#`` + three octal digits). Some shippers write a literal ``\\n``
+    instead. Both are turned back into the characters, so that the lines after the first read as
+    continuation lines (see the module docstring). journald's ``[355B blob data]`` cannot be
+    decoded (the text is not in the output); :data:`JOURNALD_BLOB` finds it, and
+    ``kernel_log_coverage`` reports such a line as not read.
+
+    :param text: kernel log text, or ``None``.
+    :returns: the decoded text (``text`` itself when it holds no escape), or ``None``.
+    :raises: nothing.
+    Source: rsyslog ``$EscapeControlCharactersOnReceive`` (on by default; ``#ooo`` octal).
+    """
+    if not text:
+        return text
+    if "#0" in text:
+        text = _OCTAL_ESCAPE.sub(lambda m: chr(int(m.group(1), 8)), text)
+    if "\\n" in text:
+        text = _BACKSLASH_N.sub("\n", text)
+    return text
+
 
 class _Record:
     """One kernel message: its first physical line plus continuation lines.
@@ -231,6 +268,20 @@ def _records(text: str) -> List[_Record]:
     for record in records:
         record.finish()
     return records
+
+
+def records(text: Optional[str]) -> List[Tuple[str, str, Optional[float], Optional[str], bool]]:
+    """The kernel messages of a log, as the readers of this module see them.
+
+    :param text: kernel log text (any format of the module docstring; escapes decoded by
+        :func:`decode_escapes` first), or ``None``.
+    :returns: ``[(first_line, message, mono, wall, marker)]`` in log order: ``first_line`` the
+        message's first physical line (stripped), ``message`` its text after the time prefix with
+        continuation lines joined, ``mono`` seconds since boot or ``None``, ``wall`` the printed
+        wall time or ``None``, ``marker`` true for a boot separator.
+    :raises: nothing.
+    """
+    return [(r.first_line.strip(), r.text, r.mono, r.wall, r.marker) for r in _records(decode_escapes(text) or "")]
 
 
 def _wall_seconds(wall: Optional[str]) -> Optional[float]:
@@ -583,6 +634,32 @@ def _api_mismatch(record: _Record, records: List[_Record], start: int) -> Option
     }
 
 
+def _link_root_causes(events: List[EventDict]) -> None:
+    """Tie each follow-on Xid ("... caused by previous Xid 149") to its root cause.
+
+    Every event gets ``caused_by_xid`` (the root's number, or ``None``). A follow-on whose root
+    is in the log on the same GPU (``root_in_log`` true) keeps its own class: the root's event
+    carries the verdict. When the root is not in the log (cut, rotated, rate-limited), the
+    follow-on is classified as its root when that is worse (``classified_by_root`` true), so
+    that losing the root's line never makes the GPU look better.
+    """
+    seen = set((event.get("pci_bus_id"), event.get("xid")) for event in events)
+    for event in events:
+        match = _CAUSED_BY.search(event.get("message") or "")
+        event["caused_by_xid"] = int(match.group("xid")) if match else None
+        event["root_in_log"] = None
+        event["classified_by_root"] = False
+        if match is None:
+            continue
+        root = int(match.group("xid"))
+        event["root_in_log"] = (event.get("pci_bus_id"), root) in seen
+        if not event["root_in_log"]:
+            entry = classify(root)
+            if severity_rank(entry["severity"]) > severity_rank(event["severity"]):
+                _apply_class(event, entry)
+                event["classified_by_root"] = True
+
+
 def parse_kernel_log(text: str, boot_time: Optional[float] = None,
                      incident_window_s: float = DEFAULT_INCIDENT_WINDOW_S) -> Dict[str, Any]:
     """Parse kernel log text into Xid events, folded per device and incident.
@@ -607,6 +684,12 @@ def parse_kernel_log(text: str, boot_time: Optional[float] = None,
         incident's first log line, verbatim)}``; ``message`` and ``first_line`` are cut to
         :data:`MAX_MESSAGE_CHARS` characters. ``name``/``severity``/``action``/``fatal``/``known``
         come from :func:`xid_catalog.classify` (the worst seen in the incident).
+        ``caused_by_xid``: int | None, the root cause a follow-on Xid names ("Ch 00000001 caused
+        by previous Xid 149", NVIDIA/open-gpu-kernel-modules issue 1150); ``root_in_log``: bool when
+        a root is named (its event on the same GPU is in the log), else ``None``;
+        ``classified_by_root``: bool, true when the root's line is missing and the event took the
+        root's worse class (see :func:`_link_root_causes`).
+        Escaped multi-line messages (``#012``, ``\\n``) are decoded first (:func:`decode_escapes`).
         ``rate_limited`` is true when a line says the kernel or the driver dropped messages;
         those lines are listed in ``rate_limit_lines``.
 
@@ -636,7 +719,7 @@ def parse_kernel_log(text: str, boot_time: Optional[float] = None,
     Sources: NVIDIA kernel driver (NVRM) log lines; Xid catalog in ``xid_catalog``.
     """
     window = float(incident_window_s)
-    records = _records(text)
+    records = _records(decode_escapes(text) or "")
     incidents = _Incidents(window, boot_time)
     rate_limit_lines = []  # type: List[str]
     mismatches = []  # type: List[Dict[str, Any]]
@@ -662,6 +745,7 @@ def parse_kernel_log(text: str, boot_time: Optional[float] = None,
                     mismatches.append(mismatch)
         previous = record
     events = incidents.events()
+    _link_root_causes(events)
     return {
         "events": events,
         "rate_limited": bool(rate_limit_lines),

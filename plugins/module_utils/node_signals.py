@@ -14,6 +14,9 @@ Pure functions over text a node prints:
 - :func:`reset_required_messages`: NVRM messages that say a GPU needs a reset without an Xid
   number (``Back to back GSP RPC timeout detected! GPU marked for reset``,
   ``NV_ERR_RESET_REQUIRED``, field case 30);
+- :func:`gpu_init_failures`: a GPU the driver could not initialise (``RmInitAdapter failed!``,
+  ``rm_init_adapter failed``), with the cause it printed before (GSP firmware that would not boot:
+  ``unexpected WPR2 already up`` ... ``may need to be reset``, field case 38);
 - :func:`parse_mokutil_sb_state`: ``mokutil --sb-state`` → Secure Boot on / off;
 - :func:`module_signer`: the ``signer:`` line of ``modinfo nvidia``.
 
@@ -46,6 +49,28 @@ _SIGNATURE = re.compile(
 _INSERT_FAILED = re.compile(r"could not insert '" + _MODULE + r"': (?P<why>.+)$")
 _RESET_REQUIRED = re.compile(r"GPU marked for reset|NV_ERR_RESET_REQUIRED|\bReset required\b", re.IGNORECASE)
 _GPU_BUS = re.compile(r"\b(?:PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
+# "NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x62:0x40:2168)", "... rm_init_adapter failed, device minor number 0"
+_INIT_FAILED = re.compile(
+    r"NVRM: GPU (?:at )?(?:PCI:)?(?P<bus>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?):?\s+"
+    r"(?:RmInitAdapter failed!?\s*(?P<code>\([0-9a-fA-Fx:]+\))?|rm_init_adapter failed(?:, device minor number (?P<minor>\d+))?)")
+# What the driver printed before it gave up, per RM GPU instance ("NVRM: GPU0 _kgspBootGspRm: ...").
+_INIT_CAUSE = re.compile(
+    r"NVRM: (?P<gpu>GPU\d+) (?P<what>_kgspBootGspRm: unexpected WPR2 already up[^\n]*"
+    r"|_kgspBootGspRm: \(the GPU is likely in a bad state and may need to be reset\)"
+    r"|RmInitAdapter: Cannot initialize GSP firmware RM"
+    r"|kgspWaitForRmInitDone[^\n]*|nvAssertOkFailedNoLog: [^\n]*)")
+# The driver's probe message for a GPU it will not drive, printed over several NVRM lines.
+_PROBE_GPU = re.compile(r"NVRM: The NVIDIA GPU (?P<bus>[0-9a-fA-F:.]+) \(PCI ID: (?P<pci_id>[0-9a-fA-F:]+)\)")
+_PROBE_LEGACY = re.compile(r"NVRM: The NVIDIA (?P<name>.+?) GPU installed in this system is")
+_PROBE_PIECES = re.compile(
+    r"NVRM: (?:installed in this system (?:is not supported by|requires use of the NVIDIA open kernel modules)"
+    r"|nvidia\.ko because it does not include the required GPU|System Processor \(GSP\)\."
+    r"|NVIDIA \S+ driver release\.|\s*supported through the NVIDIA \S+ Legacy drivers"
+    r"|The \S+ NVIDIA driver will ignore|this GPU\.\s+Continuing probe"
+    r"|The NVIDIA probe routine failed for \d+ device|None of the NVIDIA devices were initialized)")
+#: Patterns of the lines this module reads (kernel_log_coverage counts every other NVIDIA line).
+READS = (_SYMBOL_VERSION, _UNKNOWN_SYMBOL, _SIGNATURE, _INSERT_FAILED, _RESET_REQUIRED, _INIT_FAILED, _INIT_CAUSE,
+         _PROBE_GPU, _PROBE_LEGACY, _PROBE_PIECES)
 
 
 def _module_name(raw: str) -> str:
@@ -139,6 +164,121 @@ def reset_required_messages(text: Optional[str]) -> List[Dict[str, Any]]:
             "first_line": line.strip()[:1024],
         })
     return messages
+
+
+def gpu_init_failures(text: Optional[str]) -> List[Dict[str, Any]]:
+    """GPUs the NVIDIA driver could not initialise, one entry per PCI bus id (field case 38).
+
+    The driver names the GPU by bus id when it gives up (``NVRM: GPU 0000:01:00.0: RmInitAdapter
+    failed! (0x62:0x40:2168)``, ``rm_init_adapter failed, device minor number 0``) and, before that,
+    says why by its own GPU instance name (``NVRM: GPU0 _kgspBootGspRm: unexpected WPR2 already up,
+    cannot proceed with booting GSP`` / ``(the GPU is likely in a bad state and may need to be
+    reset)`` / ``RmInitAdapter: Cannot initialize GSP firmware RM``). The causes printed since the
+    previous failure are given to the next failure named by bus id. Such a GPU is missing from
+    NVML and nvidia-smi ("No devices were found"); it needs a reset, in practice a cold reboot or
+    power cycle of the node since it never initialised. The ``(0x62:0x40:2168)`` code is kept
+    as printed, not decoded.
+
+    :param text: kernel log text, or ``None``.
+    :returns: ``[{"kind": "gpu_init_failed", "pci_bus_id": "0000:01:00.0", "time": float | str |
+        None (first failure), "count": int (failure lines), "code": str | None ("(0x62:0x40:2168)"),
+        "device_minor": int | None, "gsp_boot_failed": bool, "reset_needed": bool (the driver said
+        the GPU may need to be reset), "causes": [str] (at most 4), "message": str,
+        "first_line": str}]`` in the order of the first failure.
+    :raises: nothing.
+    Source: NVIDIA kernel driver (NVRM) messages quoted in NVIDIA/open-gpu-kernel-modules issues
+    1058, 1104 and 1230.
+    """
+    found = {}  # type: Dict[str, Dict[str, Any]]
+    pending = []  # type: List[str]
+    for line in (text or "").splitlines():
+        lower = line.lower()
+        if "nvrm" not in lower or ("init" not in lower and "gsp" not in lower and "assert" not in lower):
+            continue
+        mono, wall, message = split_line(line)
+        cause = _INIT_CAUSE.search(message)
+        if cause:
+            what = cause.group("what").strip()
+            if what not in pending:
+                pending.append(what)
+            continue
+        match = _INIT_FAILED.search(message)
+        if not match:
+            continue
+        bus = normalize_pci_bus_id(match.group("bus")) or match.group("bus").lower()
+        entry = found.get(bus)
+        if entry is None:
+            entry = found[bus] = {
+                "kind": "gpu_init_failed", "pci_bus_id": bus, "time": mono if mono is not None else wall,
+                "count": 0, "code": None, "device_minor": None, "gsp_boot_failed": False,
+                "reset_needed": False, "causes": [], "message": None, "first_line": line.strip()[:1024],
+            }
+        entry["count"] += 1
+        if match.group("code"):
+            entry["code"] = match.group("code")
+        if match.group("minor"):
+            entry["device_minor"] = int(match.group("minor"))
+        for what in pending:
+            if what not in entry["causes"] and len(entry["causes"]) < 4:
+                entry["causes"].append(what)
+            if "GSP" in what or "WPR2" in what:
+                entry["gsp_boot_failed"] = True
+            if "may need to be reset" in what:
+                entry["reset_needed"] = True
+        pending = []
+    for entry in found.values():
+        why = "GSP firmware did not boot" if entry["gsp_boot_failed"] else "the driver could not initialise it"
+        entry["message"] = "GPU %s failed to initialise (RmInitAdapter failed%s): %s" % (
+            entry["pci_bus_id"], " %s" % entry["code"] if entry["code"] else "", why)
+    return list(found.values())
+
+
+def probe_failures(text: Optional[str]) -> List[Dict[str, Any]]:
+    """GPUs the loaded driver refused to drive at probe time, one entry per GPU.
+
+    The driver prints, over several ``NVRM:`` lines: ``The NVIDIA GPU 0000:3b:00.0 (PCI ID:
+    10de:1db4)`` / ``installed in this system is not supported by the`` / ``NVIDIA 620.70.06 driver
+    release.`` (a branch that dropped the architecture); ``... is not supported by open nvidia.ko
+    because it does not include the required GPU System Processor (GSP).`` (open modules before
+    Turing); ``... requires use of the NVIDIA open kernel modules.`` (Blackwell and later with the
+    proprietary flavour); ``The NVIDIA <name> GPU installed in this system is supported through
+    the NVIDIA 580.xx Legacy drivers.`` Then ``The NVIDIA probe routine failed for N device(s).``
+
+    :param text: kernel log text, or ``None``.
+    :returns: ``[{"pci_bus_id": str | None (the legacy message names the model, not the bus),
+        "pci_id": str | None, "gpu_name": str | None, "reason": "not_supported" |
+        "open_unsupported" | "open_required" | "legacy", "legacy_branch": str | None ("580.xx"),
+        "first_line": str}]``.
+    :raises: nothing.
+    Source: the NVIDIA kernel module's probe messages (nv.c, "is not supported by"), as printed by
+    the R580 and later drivers for GPUs outside their support list.
+    """
+    found = []  # type: List[Dict[str, Any]]
+    current = None  # type: Optional[Dict[str, Any]]
+    for line in (text or "").splitlines():
+        if "NVRM" not in line:
+            continue
+        _mono, _wall, message = split_line(line)
+        match = _PROBE_GPU.search(message)
+        legacy = None if match else _PROBE_LEGACY.search(message)
+        if match or legacy:
+            current = {"pci_bus_id": normalize_pci_bus_id(match.group("bus")) if match else None,
+                       "pci_id": match.group("pci_id") if match else None,
+                       "gpu_name": legacy.group("name") if legacy else None,
+                       "reason": "not_supported", "legacy_branch": None, "first_line": line.strip()[:1024]}
+            found.append(current)
+            if legacy is None:
+                continue
+        if current is None:
+            continue
+        if "by open" in message or "GSP" in message:
+            current["reason"] = "open_unsupported"
+        elif "requires use of the NVIDIA open" in message:
+            current["reason"] = "open_required"
+        branch = re.search(r"supported through the NVIDIA (\S+) Legacy drivers", message)
+        if branch:
+            current["reason"], current["legacy_branch"] = "legacy", branch.group(1)
+    return found
 
 
 def parse_mokutil_sb_state(text: Optional[str]) -> Optional[bool]:

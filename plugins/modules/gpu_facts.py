@@ -543,7 +543,7 @@ def collect_live(module):
         result = _run(module, ["dmesg"])
         source = "dmesg"
         if result is None or result[0] != 0:
-            result = _run(module, ["journalctl", "-k", "-b", "--no-pager", "-o", "short-monotonic"])
+            result = _run(module, ["journalctl", "-k", "-b", "-a", "--no-pager", "-o", "short-monotonic"])
             source = "journalctl -k"
         if result is not None and result[0] == 0:
             text, left_out = keep_newest(result[1], _MAX_FILE_BYTES)

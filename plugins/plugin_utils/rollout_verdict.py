@@ -49,7 +49,10 @@ FLAGS = {
     "gpu_identity_changed": "GPU UUIDs differ from the snapshot",
     "gpu_unreadable": "a GPU could not be read (NVML GpuIsLost or similar)",
     "gpu_not_usable": "a GPU needs a reset (or more) or its driver reports it unusable: Xid, driver message or NVML field",
-    "node_problem": "a driver module did not load (signature refused, nvidia_peermem): see the remedy",
+    "node_problem": "a problem of the node as a whole (a driver module refused, a GPU the driver will not drive, a "
+                    "fatal NVSwitch SXid): see the remedy",
+    "health_unknown": "a kernel-log line of the NVIDIA modules at error level that no rule reads: not verified",
+    "gpu_degraded": "a GPU's clocks are held down by hardware (HW slowdown, power brake, thermal)",
     "no_gpus": "no GPU is visible",
     "new_fatal_xid": "a fatal Xid appeared since the snapshot",
     "fatal_xid": "a fatal Xid is in this boot's kernel log",
@@ -437,7 +440,7 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
         devices = _fatal_devices(after, new.keys())
         _fail(result, "new_fatal_xid", "new fatal Xid since the snapshot: %s%s" % (
             _describe_xids(new), (" on " + ", ".join(devices)) if devices else ""))
-    _verify_usable(result, after, opts)
+    _verify_usable(result, after, opts["ignore_xids"])
     _verify_golden(result, after, opts)
     _verify_policy(result, policy_report, opts)
     _verify_benchmark(result, benchmark, opts)
@@ -502,13 +505,19 @@ def _not_usable(facts: Mapping[str, Any], ignore_xids: Iterable[Any]) -> Dict[st
     return dict(health, gpus=gpus)
 
 
-def _verify_usable(result: Dict[str, Any], facts: Mapping[str, Any], opts: Mapping[str, Any]) -> None:
-    """A verified node carries no GPU that needs a reset, and no driver module the kernel refused."""
-    health = _not_usable(facts, opts["ignore_xids"])
+def _verify_usable(result: Dict[str, Any], facts: Mapping[str, Any], ignore_xids: Iterable[Any]) -> None:
+    """A verified (or healthy) node carries no GPU that needs a reset, no driver module the kernel
+    refused, no NVIDIA log line at error level that no rule reads, and no GPU held down by hardware."""
+    health = _not_usable(facts, ignore_xids)
     if health["gpus"]:
         _fail(result, "gpu_not_usable", "GPU not usable: %s" % describe_unusable(health))
     for problem in health["problems"]:
         _fail(result, "node_problem", "%s; remedy: %s" % (problem["reason"], problem["remedy"]))
+    for reason in health.get("unknown") or []:
+        _fail(result, "health_unknown", "health unknown: %s" % reason)
+    for gpu in health.get("degraded") or []:
+        _fail(result, "gpu_degraded", "%s: clocks held down by hardware (%s)" % (
+            gpu_label(gpu), ", ".join(gpu["reasons"])))
 
 
 def _verify_policy(result: Dict[str, Any], policy_report: Any, opts: Mapping[str, Any]) -> None:
@@ -549,7 +558,9 @@ def healthy(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = ())
     :param facts: ``ansible_facts.nvidia``.
     :returns: a verdict ``{"ok", "reasons", "flags", "details": {flag: reason}}`` (flags
         ``facts_missing``, ``driver_state``, ``no_gpus``, ``gpu_unreadable``, ``fatal_xid``,
-        ``gpu_not_usable``, ``node_problem``: gpu_health.node_health, whatever form the signal took).
+        ``gpu_not_usable``, ``node_problem``: gpu_health.node_health, whatever form the signal took;
+        ``health_unknown``: an NVIDIA kernel-log line at error level that no rule reads;
+        ``gpu_degraded``: clocks held down by hardware).
     """
     result = _result()
     if not _is_facts(facts):
@@ -566,11 +577,7 @@ def healthy(facts: Optional[Mapping[str, Any]], ignore_xids: Iterable[Any] = ())
     fatal = fatal_xid_counts(facts, ignore_xids)
     if fatal:
         _fail(result, "fatal_xid", "fatal Xid in this boot's kernel log: %s" % _describe_xids(fatal))
-    health = _not_usable(facts, ignore_xids)
-    if health["gpus"]:
-        _fail(result, "gpu_not_usable", "GPU not usable: %s" % describe_unusable(health))
-    for problem in health["problems"]:
-        _fail(result, "node_problem", "%s; remedy: %s" % (problem["reason"], problem["remedy"]))
+    _verify_usable(result, facts, ignore_xids)
     return result
 
 

@@ -25,7 +25,8 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import
 CASES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "fixtures", "cases")
 
 EVENT_KEYS = {"pci_bus_id", "xid", "name", "message", "time", "last_time", "wall_time", "epoch_s", "count",
-              "incidents", "elided", "severity", "action", "fatal", "known", "pid", "process", "first_line"}
+              "incidents", "elided", "severity", "action", "fatal", "known", "pid", "process", "first_line",
+              "caused_by_xid", "root_in_log", "classified_by_root"}
 
 
 def _case(folder, name="input.log"):
