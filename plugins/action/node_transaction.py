@@ -45,8 +45,9 @@ ARGUMENT_SPEC = {
     }},
     "benchmark": {"type": "dict", "default": {}, "options": {
         "command": {"type": "list", "elements": "str", "default": []},
-        "baseline": {"type": "float"},
-        "threshold": {"type": "float", "default": 0.9},
+        "baseline": {"type": "raw"},
+        "threshold": {"type": "float"},
+        "runs": {"type": "int", "default": 3},
         "higher_is_better": {"type": "bool", "default": True},
     }},
     "verify": {"type": "dict", "default": {}, "options": {
@@ -168,6 +169,24 @@ class ActionModule(NodeAction):
         except ValueError:
             raise PhaseFailed("the benchmark's last line is not a number: %r" % lines[-1][:80])
 
+    def _benchmark_runs(self, args, traced, task_vars, warnings):
+        """The benchmark's results before the install: the traced run, then ``runs - 1`` more.
+
+        :returns: ``[float]`` (``[]`` when no benchmark is declared).
+        :raises PhaseFailed: a run failed or printed no number.
+        """
+        first = self._benchmark_result(traced)
+        if first is None:
+            return []
+        runs = [first]
+        command = args["benchmark"]["command"]
+        for _run in range(max(1, int(args["benchmark"]["runs"])) - 1):
+            ran = self._module("ansible.builtin.command", {"argv": command}, task_vars, None, warnings)
+            if ran.get("failed") or ran.get("rc"):
+                raise PhaseFailed("the benchmark failed on run %d: %s" % (len(runs) + 1, ran.get("msg") or ran.get("rc")))
+            runs.append(self._benchmark_result({"command": ran}))
+        return runs
+
     def _snapshot(self, args, tx, state, task_vars, warnings):
         """The evidence before the update, saved on the node (tasks/snapshot.yml before)."""
         snap = args["snapshot"]
@@ -181,9 +200,12 @@ class ActionModule(NodeAction):
             "rollout_id": args["rollout_id"], "run_id": args["run_id"], "stage": args["stage"],
             "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "boot_id": snap.get("boot_id"), "facts": state["facts"], "local_facts": snap.get("local_facts") or {},
-            "target": args["target"], "benchmark": self._benchmark_result(traced),
+            "target": args["target"], "benchmark": None, "benchmark_runs": self._benchmark_runs(args, traced, task_vars,
+                                                                                                  warnings),
             "trace": {"csv": traced["csv"], "summary": traced.get("summary")} if traced and "csv" in traced else None,
         }
+        if fresh["benchmark_runs"]:
+            fresh["benchmark"] = sorted(fresh["benchmark_runs"])[len(fresh["benchmark_runs"]) // 2]
         snapshot = rollout_verdict.rollout_snapshot(saved, fresh, args["rollout_id"])
         if not snapshot.get("resumed"):
             saved_now = self._module("gpufleet.nvidia.node_lock", {"state": "write", "path": snap["path"],
@@ -232,7 +254,8 @@ class ActionModule(NodeAction):
         tx["trace_after"] = ({"csv": traced["csv"], "changes": traced.get("changes")}
                              if traced and traced.get("csv") is not None else None)
         after = self._benchmark_result(traced)
-        before = bench["baseline"] if bench["baseline"] is not None else snapshot.get("benchmark")
+        before = bench["baseline"] if bench["baseline"] not in (None, "") else (
+            snapshot.get("benchmark_runs") or snapshot.get("benchmark"))
         benchmark = {"before": before, "after": after} if after is not None and before is not None else None
         mode = args["policy"]["mode"]
         options = dict(tx.get("verify_options") or {})

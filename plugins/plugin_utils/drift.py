@@ -64,6 +64,7 @@ CHECKS = {
     "driver_state": ("critical", "driver.state is not ok"),
     "driver_branch": ("critical", "the loaded driver branch is not the declared branch"),
     "driver_version": ("warning", "the loaded driver version is not the declared version"),
+    "driver_version_skew": ("warning", "the nodes of the class run more than one driver version, declared or not"),
     "driver_declared_invalid": ("critical", "the declared driver cannot serve the node's GPUs"),
     "kernel_module_type": ("warning", "the kernel module flavour is not the declared one"),
     "driver_not_pinned": ("warning", "an NVIDIA driver package is not held"),
@@ -641,6 +642,52 @@ def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = 
     return entry
 
 
+def _loaded(node: Mapping[str, Any]) -> Optional[str]:
+    driver = node.get("driver") or {}
+    return driver.get("loaded") or driver.get("userspace")
+
+
+def version_skew(judged: List[Tuple[str, Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
+    """Find the classes whose nodes run more than one driver version, and mark the odd nodes out.
+
+    Two driver versions in one class split its jobs: a 2-node NCCL job across 550.144.03 and
+    570.124.06 ran its all-reduce at 90.55 % of one version's bus bandwidth (field case 42,
+    NVIDIA/nccl-tests issue 297), whether or not a version was declared. Every node whose loaded
+    version is not the class's most common one (ties: the newest version) gets a
+    ``driver_version_skew`` finding, and its ``in_sync`` / ``worst_severity`` are updated.
+
+    :param judged: ``(name, judge_node(...))`` per node (changed in place).
+    :returns: class → ``{"versions": {version: nodes}, "majority": version}`` for every class with a
+        known version (``versions`` has one key when there is no skew).
+    :raises: nothing.
+    """
+    per_class = {}  # type: Dict[str, Dict[str, int]]
+    for _name, node in judged:
+        version = _loaded(node)
+        if version and not node.get("missing"):
+            counts = per_class.setdefault(node["class"], {})
+            counts[version] = counts.get(version, 0) + 1
+    out = {}
+    for klass, counts in per_class.items():
+        majority = sorted(counts, key=lambda v: (counts[v], [int(p) if p.isdigit() else 0 for p in v.split(".")]))[-1]
+        out[klass] = {"versions": dict(sorted(counts.items())), "majority": majority}
+    for name, node in judged:
+        found = out.get(node["class"])
+        version = _loaded(node)
+        if not found or len(found["versions"]) < 2 or not version or version == found["majority"] or node.get("missing"):
+            continue
+        listed = ", ".join("%s x%d" % item for item in sorted(found["versions"].items()))
+        node["findings"].append({
+            "node": name, "class": node["class"], "check": "driver_version_skew",
+            "severity": CHECKS["driver_version_skew"][0], "gpu": None, "expected": found["majority"], "actual": version,
+            "message": "class %s runs %d driver versions (%s): this node runs %s, most of the class %s" % (
+                node["class"], len(found["versions"]), listed, version, found["majority"])})
+        worst = max(finding_severity_rank(f["severity"]) for f in node["findings"])
+        node["worst_severity"] = FINDING_SEVERITIES[worst]
+        node["in_sync"] = worst < finding_severity_rank("warning")
+    return out
+
+
 def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional[str] = None,
             source: Optional[str] = None) -> Dict[str, Any]:
     """Roll judged nodes (``(name, judge_node(...))`` in node order) up per class and for the fleet.
@@ -655,13 +702,16 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
     :returns: ``{"generated_at", "source", "summary": {"nodes", "in_sync", "drifted", "missing",
         "findings", "by_severity": {severity: n}, "by_check": {check: n}, "worst_severity"},
         "classes": {class: {"nodes", "in_sync", "drifted", "missing", "by_check", "worst_severity",
-        "drifted_nodes": [names]}}, "nodes": {name: {"class", "in_sync", "worst_severity",
+        "drifted_nodes": [names], "driver_versions": {version: nodes} (more than one key: skew,
+        :func:`version_skew`)}}, "nodes": {name: {"class", "in_sync", "worst_severity",
         "findings": [...], "driver": {"loaded", "userspace", "on_disk", "branch", "state"}, "gpus"
         (when kept)}}, "findings": [all findings, node order]}``.
         A node is ``in_sync`` when it has no finding above ``info``; ``missing`` when its facts
         are missing, are not a facts document (:func:`facts_problem`) or could not be judged
         (:func:`judge_node`); one such node never stops the report.
     """
+    judged = list(judged)
+    skew = version_skew(judged)
     summary = {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "findings": 0,
                "by_severity": dict((s, 0) for s in FINDING_SEVERITIES), "by_check": {}, "worst_severity": None}
     classes = {}  # type: Dict[str, Dict[str, Any]]
@@ -672,7 +722,8 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
         missing = node.pop("missing")
         per_node[name] = node
         entry = classes.setdefault(klass, {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "by_check": {},
-                                           "worst_severity": None, "drifted_nodes": []})
+                                           "worst_severity": None, "drifted_nodes": [],
+                                           "driver_versions": skew.get(klass, {}).get("versions", {})})
         entry["nodes"] += 1
         summary["nodes"] += 1
         if missing:

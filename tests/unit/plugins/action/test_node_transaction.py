@@ -202,3 +202,24 @@ def test_extra_vars_given_as_strings_are_converted_and_a_bad_one_is_named():
     with pytest.raises(AnsibleActionFail, match="duration_s"):
         plugin.run(task_vars={})
     assert calls == []
+
+
+def test_snapshot_runs_the_benchmark_several_times_and_keeps_the_runs():
+    results = iter(["361.5", "362.5"])
+    answers = {"gpufleet.nvidia.gpu_trace": dict(TRACE, command={"stdout_lines": ["busbw", "362.0"]}),
+               "ansible.builtin.command": lambda _args: {"rc": 0, "stdout_lines": [next(results)]},
+               "gpufleet.nvidia.node_lock": {"changed": True}}
+    args = dict(BASE, phases=["snapshot"], snapshot={"path": "/s", "saved": None, "boot_id": "b"},
+                benchmark={"command": ["/opt/bench/allreduce"], "runs": 3})
+    plugin, calls = action(args, answers)
+    result = plugin.run(task_vars={"ansible_facts": {"nvidia": facts()}})
+    assert [name for name, _a, _c in calls] == ["gpufleet.nvidia.gpu_trace", "ansible.builtin.command",
+                                                "ansible.builtin.command", "gpufleet.nvidia.node_lock"]
+    assert calls[1][1] == {"argv": ["/opt/bench/allreduce"]}
+    snapshot = result["tx"]["snapshot"]
+    assert snapshot["benchmark_runs"] == [362.0, 361.5, 362.5] and snapshot["benchmark"] == 362.0
+    # A run that prints no number fails the snapshot, before anything is installed.
+    answers["ansible.builtin.command"] = {"rc": 0, "stdout_lines": ["oops"]}
+    plugin, _calls = action(args, answers)
+    failed = plugin.run(task_vars={"ansible_facts": {"nvidia": facts()}})
+    assert failed["failed"] is True and "not a number" in failed["msg"]

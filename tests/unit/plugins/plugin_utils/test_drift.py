@@ -237,8 +237,10 @@ def test_report_per_node_and_per_class():
     report = drift_report(_fleet(), generated_at="2026-11-29T12:00:00Z", source="dir:facts")
     summary = report["summary"]
     assert (summary["nodes"], summary["in_sync"], summary["drifted"], summary["missing"]) == (4, 2, 2, 1)
-    assert summary["by_severity"] == {"info": 0, "warning": 0, "critical": 2}
-    assert summary["by_check"] == {"driver_branch": 1, "facts_missing": 1}
+    assert summary["by_severity"] == {"info": 0, "warning": 1, "critical": 2}
+    # h1 runs 620.70.06, h2 580.95.05: two versions in one class, h2 the odd one out (a tie: the newest wins).
+    assert summary["by_check"] == {"driver_branch": 1, "facts_missing": 1, "driver_version_skew": 1}
+    assert report["classes"]["gpu_h100"]["driver_versions"] == {"580.95.05": 1, "620.70.06": 1}
     assert report["classes"]["gpu_h100"]["drifted_nodes"] == ["h2", "h3"]
     assert report["classes"]["gpu_v100"]["in_sync"] == 1
     assert report["nodes"]["v1"]["driver"] == {"loaded": "580.95.05", "userspace": "580.95.05", "on_disk": "580.95.05",
@@ -251,6 +253,23 @@ def test_report_per_node_and_per_class():
         exit_code(report, fail_on="fatal")
 
 
+def test_case42_two_driver_versions_in_one_class_are_reported_undeclared():
+    # nccl-tests issue 297: node1 on 550.144.03 and node2 on 570.124.06 in one job; nothing declares a version.
+    undeclared = declared_state({"gpufleet_gpu_count": 8})
+    nodes = [{"node": "node%d" % i, "class": "gpu_h100", "facts": node_facts("h100", version=version),
+              "declared": undeclared}
+             for i, version in enumerate(["570.124.06", "570.124.06", "550.144.03"], start=1)]
+    report = drift_report(nodes)
+    skew = [f for f in report["findings"] if f["check"] == "driver_version_skew"]
+    assert [(f["node"], f["actual"], f["expected"], f["severity"]) for f in skew] == [
+        ("node3", "550.144.03", "570.124.06", "warning")]
+    assert "class gpu_h100 runs 2 driver versions (550.144.03 x1, 570.124.06 x2)" in skew[0]["message"]
+    assert report["classes"]["gpu_h100"]["drifted_nodes"] == ["node3"]
+    assert report["classes"]["gpu_h100"]["driver_versions"] == {"550.144.03": 1, "570.124.06": 2}
+    one_version = drift_report(nodes[:2])
+    assert one_version["summary"]["by_check"] == {} and one_version["summary"]["drifted"] == 0
+
+
 def test_every_check_has_a_known_severity():
     assert set(sev for sev, _text in CHECKS.values()) <= {"info", "warning", "critical"}
 
@@ -259,11 +278,11 @@ def test_outputs_markdown_json():
     report = drift_report(_fleet(), generated_at="2026-11-29T12:00:00Z", source="dir:facts")
     markdown = drift_output.render_markdown(report)
     assert "**4 nodes: 2 in sync, 2 drifted (1 without facts).**" in markdown
-    assert "| gpu_h100 | 3 | 1 | 2 | 1 | critical | driver_branch 1, facts_missing 1 |" in markdown
+    assert "| gpu_h100 | 3 | 1 | 2 | 1 | critical | driver_branch 1, driver_version_skew 1, facts_missing 1 |" in markdown
     assert ("| h2 | gpu_h100 | critical | driver_branch | - | driver branch R580, declared R620 "
             "(ltsb resolves to R620 for Hopper) |") in markdown
     limited = drift_output.render_markdown(report, max_findings=1)
-    assert "… and 1 more findings" in limited
+    assert "… and 2 more findings" in limited
     assert json.loads(drift_output.render_json(report))["summary"]["drifted"] == 2
 
 
@@ -397,7 +416,7 @@ def test_wrongly_shaped_documents_are_missing_facts_and_the_report_goes_on():
     report = drift_report(fleet)
     # The four good nodes are judged as without the bad ones.
     assert report["nodes"]["h1"]["in_sync"] is True and report["nodes"]["v1"]["in_sync"] is True
-    assert checks(report["nodes"]["h2"]["findings"]) == ["driver_branch"]
+    assert checks(report["nodes"]["h2"]["findings"]) == ["driver_branch", "driver_version_skew"]
     for name in list(WRONG_SHAPES) + ["text", "list"]:
         node = report["nodes"][name]
         assert checks(node["findings"]) == ["facts_missing"], name

@@ -218,8 +218,12 @@ def test_verify_policy_report():
 
 
 def test_verify_benchmark_threshold():
-    ok = verify_upgrade(facts(NEW), facts(OLD), NEW, benchmark={"before": 1000.0, "after": 950.0})
+    ok = verify_upgrade(facts(NEW), facts(OLD), NEW, benchmark={"before": 1000.0, "after": 950.0},
+                        options={"benchmark_threshold": 0.9})
     assert ok["ok"] is True and ok["benchmark"]["ratio"] == 0.95
+    # The default gate: a 5 % drop of a single-run reference is beyond the 2 % floor.
+    default = verify_upgrade(facts(NEW), facts(OLD), NEW, benchmark={"before": 1000.0, "after": 950.0})
+    assert default["flags"] == ["benchmark_regression"] and default["benchmark"]["tolerance"] == 0.02
     bad = verify_upgrade(facts(NEW), facts(OLD), NEW, benchmark={"before": 1000.0, "after": 850.0},
                          options={"benchmark_threshold": 0.9})
     assert bad["flags"] == ["benchmark_regression"]
@@ -493,3 +497,37 @@ def test_what_a_run_that_is_gone_left_on_a_node_already_on_target():
     assert left_over(skip, held, lock, closed, "driver-ltsb") == {"left_lock": False, "unrecorded": False, "reason": None}
     assert left_over(upgrade, taken, lock, closed, "driver-ltsb")["left_lock"] is False
     assert left_over(skip, None, None, None, "driver-ltsb") == {"left_lock": False, "unrecorded": False, "reason": None}
+
+
+# --- the benchmark gate: baseline runs and their spread (field case 42) ----------------------
+
+
+def test_case42_allreduce_drop_fails_the_default_gate():
+    # nccl-tests issue 297: 362.198 GB/s on one driver, 327.981 GB/s with the other (90.55 %).
+    verdict = benchmark_verdict(362.198, 327.981)
+    assert verdict["ok"] is False and verdict["ratio"] == 0.9055 and verdict["drop"] == 0.0945
+    assert verdict["tolerance"] == 0.02 and verdict["spread"] is None and verdict["runs"] == 1
+    # The fixed 0.9 threshold this gate had by default lets it through.
+    assert benchmark_verdict(362.198, 327.981, 0.9)["ok"] is True
+
+
+@pytest.mark.parametrize("before, after, ok, tolerance", [
+    ([362.0, 362.5, 361.5], 356.0, True, 0.02),           # spread 0.14 %: the 2 % floor; 1.66 % drop passes
+    ([362.0, 362.5, 361.5], 350.0, False, 0.02),          # 3.3 % drop fails
+    ([100.0, 104.0, 96.0], 90.0, True, 0.12),             # spread 4 % (sample sd 4 of 100): 12 % tolerated
+    ("100, 104, 96", 87.0, False, 0.12),                  # extra vars arrive as text: 13 % drop fails
+])
+def test_spread_rule(before, after, ok, tolerance):
+    verdict = benchmark_verdict(before, after)
+    assert verdict["tolerance"] == pytest.approx(tolerance, abs=1e-6)
+    assert verdict["runs"] == 3 and verdict["reference"] == pytest.approx(sorted([float(x) for x in (
+        before.split(",") if isinstance(before, str) else before)])[1])
+    assert verdict["ok"] is ok
+
+
+def test_benchmark_runs_refuse_what_is_not_a_number():
+    with pytest.raises(ValueError):
+        benchmark_verdict("fast", 1.0)
+    with pytest.raises(ValueError):
+        benchmark_verdict([1.0, float("nan")], 1.0)
+    assert benchmark_verdict([], 1.0)["ok"] is None
