@@ -58,6 +58,14 @@ def _signature_reasons(evidence: Dict[str, Any], module_found: Optional[bool], k
     return []
 
 
+# A captured bundle whose versions disagree says "reboot pending" only with the module on disk read:
+# the module that loads at the next boot may itself differ from the libraries (field case 23: broken).
+_NEEDS_MODINFO = (
+    ". Whether a reboot fixes it depends on the kernel module on disk for the running kernel, which "
+    "this bundle does not hold (no modinfo-nvidia.txt: modinfo nvidia): reboot_pending if it is the "
+    "userspace version, broken if not; the state is undetermined.")
+
+
 def driver_state(
     userspace_version: Optional[str],
     loaded_version: Optional[str],
@@ -82,8 +90,10 @@ def driver_state(
     * ``not_loaded`` - installed, nothing loaded (e.g. NVML ``DriverNotLoaded``, no
       ``/sys/module/nvidia``).
     * ``reboot_pending`` - loaded ≠ userspace and on-disk == userspace: the next boot loads
-      the right module. NVML ``LibRmVersionMismatch`` is evidence for it even when a version is
-      unknown (field case 17).
+      the right module. On a live host NVML ``LibRmVersionMismatch`` is evidence for it even when a
+      version is unknown (field case 17); a captured bundle without ``modinfo`` says no more than
+      its evidence: undetermined (``None``), naming the file it lacks, since the module on disk
+      may differ from the libraries as well (field case 23, ``broken``).
     * ``ok`` - loaded == userspace (and on-disk == both).
 
     Unknown versions (``None``), decided conservatively:
@@ -302,6 +312,8 @@ def driver_state(
             sentence += " (NVML: driver/library version mismatch)"
         if on_disk is not None:
             sentence += "; the on-disk module is %s, so a reboot loads the matching module." % on_disk
+        elif not live:
+            return None, reasons + [sentence + _NEEDS_MODINFO]
         else:
             sentence += "; a reboot is expected to load the matching module.%s" % on_disk_note
         return "reboot_pending", reasons + [sentence]
@@ -315,6 +327,8 @@ def driver_state(
             sentence += " (%s)" % userspace
         if on_disk is not None:
             sentence += "; the on-disk module is %s" % on_disk
+        if on_disk is None and not live:
+            return None, reasons + [sentence + _NEEDS_MODINFO]
         sentence += "; a reboot (or module reload) is pending."
         if on_disk is None:
             sentence += on_disk_note

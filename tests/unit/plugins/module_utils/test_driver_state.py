@@ -506,10 +506,13 @@ def test_case_17_unattended_upgrade_leaves_a_reboot_pending():
     userspace = driver_packages.userspace_version_from_packages(installed)
     assert userspace == "460.73.01"
 
-    # Loaded version not in the captured input: NVML's mismatch is evidence enough.
+    # A bundle without modinfo cannot say a reboot fixes it: it names the evidence it lacks.
     state, reasons = ds.driver_state(userspace, None, None, installed, {"nvml_error": nvml_error, "live": False})
+    assert state is None
+    assert any("460.73.01" in r and "mismatch" in r and "modinfo-nvidia.txt" in r for r in reasons)
+    # On a live host (modinfo read, here matching the libraries) NVML's mismatch is a pending reboot.
+    state, reasons = ds.driver_state(userspace, None, "460.73.01", installed, {"nvml_error": nvml_error})
     assert state == "reboot_pending"
-    assert any("460.73.01" in r and "mismatch" in r for r in reasons)
 
     # With the loaded module read (/sys/module/nvidia/version), both versions are named.
     state, reasons = ds.driver_state(userspace, "460.56", None, installed, {"nvml_error": nvml_error})
@@ -545,8 +548,14 @@ def test_state_reboot_pending_when_loaded_is_old_and_disk_is_new():
     assert "580.105.08" in reasons[-1] and "580.126.20" in reasons[-1]
 
 
-def test_state_reboot_pending_from_nvml_mismatch_alone():
-    state, _reasons = ds.driver_state(None, None, None, None, {"nvml_error": "LibRmVersionMismatch", "live": False})
+def test_state_from_nvml_mismatch_alone_needs_the_module_on_disk_in_a_bundle():
+    state, reasons = ds.driver_state(None, None, None, None, {"nvml_error": "LibRmVersionMismatch", "live": False})
+    assert state is None and "undetermined" in reasons[-1] and "modinfo" in reasons[-1]
+    state, _reasons = ds.driver_state(None, None, None, None, {"nvml_error": "LibRmVersionMismatch"})
+    assert state == "reboot_pending"
+    # With the module on disk captured, the bundle says what a reboot does: loads the libraries' version.
+    state, _reasons = ds.driver_state("580.126.20", "580.105.08", "580.126.20", INSTALLED_580,
+                                      {"nvml_error": "LibRmVersionMismatch", "live": False})
     assert state == "reboot_pending"
 
 
