@@ -141,7 +141,15 @@ def _apply_pcie_links(inputs: Dict[str, Any], facts: Dict[str, Any]) -> None:
     """Add ``pcie_gpu_links`` from ``lspci -vvv``; fill GPU link fields the GPU source left null."""
     if not inputs.get("lspci"):
         return
-    report = gpu_link_report(parse_lspci_links(inputs["lspci"]))
+    idle = {}
+    for gpu in facts["gpus"]:
+        reasons = gpu.get("clocks_event_reasons")
+        utilization = gpu.get("utilization_gpu_pct")
+        if (reasons is not None and "gpu_idle" in reasons) or utilization == 0:
+            idle[gpu.get("pci_bus_id")] = True
+        elif utilization is not None or reasons is not None:
+            idle[gpu.get("pci_bus_id")] = False
+    report = gpu_link_report(parse_lspci_links(inputs["lspci"]), idle)
     facts["pcie_gpu_links"] = report
     by_bus = dict((link["pci_bus_id"], link) for link in report["gpus"])
     for gpu in facts["gpus"]:

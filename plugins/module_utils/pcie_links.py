@@ -7,7 +7,12 @@ A PCIe switch port that runs below its own capability because the device below i
 (a Gen5 switch port in front of a Gen4 NVMe drive) is marked ``(downgraded)`` by lspci, yet
 nothing is wrong with any GPU. A GPU link check therefore looks only at NVIDIA endpoints
 (vendor 10de, class 03xx: "3D controller", "VGA compatible controller") and compares each one's
-own ``LnkSta`` with its own ``LnkCap``.
+own ``LnkSta`` with what its link can attain: the lower of its own ``LnkCap`` and its upstream
+port's (the bridge whose ``Bus: secondary=`` is the GPU's bus), since a Gen5 GPU behind a Gen4
+port runs Gen4 by design. An idle GPU lowers its link speed to save power (the link trains up
+under load), so a speed below the attainable one is degraded only when the GPU is known not to
+be idle; a width below the attainable one is degraded whatever the load (the width does not
+change with power states).
 
 Source of the format: ``lspci(8)`` from pciutils, the ``LnkCap:``/``LnkSta:`` lines of the
 PCI Express capability; speeds per generation from the PCI Express Base Specification
@@ -29,6 +34,7 @@ _LINK = re.compile(r"^\s*(?P<kind>LnkCap|LnkSta):\s*(?P<rest>.*)$")
 _SPEED = re.compile(r"Speed\s+(?P<speed>[\d.]+)GT/s(?:\s*\((?P<speed_note>[^)]*)\))?")
 _WIDTH = re.compile(r"Width\s+x(?P<width>\d+)(?:\s*\((?P<width_note>[^)]*)\))?")
 _GPU_CLASSES = ("3d controller", "vga compatible controller", "display controller")
+_BUS_NUMBERS = re.compile(r"^\s*Bus: primary=(?P<primary>[0-9a-fA-F]+), secondary=(?P<secondary>[0-9a-fA-F]+)")
 
 
 def _gen(speed: Optional[str]) -> Optional[int]:
@@ -42,7 +48,8 @@ def parse_lspci_links(text: str) -> List[Dict[str, Any]]:
         kept with ``None`` link values.
     :returns: ``[{"pci_bus_id": "0000:19:00.0", "device_class": "3D controller",
         "description": str, "nvidia_gpu": bool, "cap_gen": int|None, "cap_width": int|None,
-        "sta_gen": int|None, "sta_width": int|None, "downgraded": bool}]``;
+        "sta_gen": int|None, "sta_width": int|None, "downgraded": bool, "secondary_bus": int|None
+        (a bridge's ``Bus: secondary=``: the bus of the devices below it)}]``;
         ``downgraded`` is true when lspci marked the status speed or width "(downgraded)" or
         when the status is below the capability.
     :raises: nothing; lines that are not understood are skipped.
@@ -60,9 +67,13 @@ def parse_lspci_links(text: str) -> List[Dict[str, Any]]:
                 "description": desc.strip(),
                 "nvidia_gpu": cls.lower() in _GPU_CLASSES and "nvidia" in desc.lower(),
                 "cap_gen": None, "cap_width": None, "sta_gen": None, "sta_width": None,
-                "downgraded": False,
+                "downgraded": False, "secondary_bus": None,
             }
             devices.append(current)
+            continue
+        bus_numbers = _BUS_NUMBERS.match(line)
+        if bus_numbers and current is not None:
+            current["secondary_bus"] = int(bus_numbers.group("secondary"), 16)
             continue
         link = _LINK.match(line)
         if link is None or current is None:
@@ -84,29 +95,77 @@ def parse_lspci_links(text: str) -> List[Dict[str, Any]]:
     return devices
 
 
-def gpu_link_report(devices: List[Dict[str, Any]]) -> Dict[str, Any]:
+def _upstream(device: Dict[str, Any], devices: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The bridge whose secondary bus is the device's bus (same PCI domain), or ``None``."""
+    bus_id = device["pci_bus_id"] or ""
+    parts = bus_id.split(":")
+    if len(parts) != 3:
+        return None
+    domain, bus = parts[0], int(parts[1], 16)
+    for other in devices:
+        if other["secondary_bus"] == bus and (other["pci_bus_id"] or "").split(":")[0] == domain:
+            return other
+    return None
+
+
+def _lower(a: Optional[int], b: Optional[int]) -> Optional[int]:
+    return a if b is None else b if a is None else min(a, b)
+
+
+def gpu_link_report(devices: List[Dict[str, Any]], idle: Optional[Dict[str, Optional[bool]]] = None) -> Dict[str, Any]:
     """Judge the links of NVIDIA GPU endpoints only.
 
     :param devices: records of :func:`parse_lspci_links`.
+    :param idle: PCI bus id → whether the GPU was idle when read (``True``: clocks event reason
+        ``gpu_idle`` or 0 % utilization; ``False``: busy; ``None`` or absent: unknown).
     :returns: ``{"gpus": [{pci_bus_id, gen_current, gen_max, width_current, width_max,
-        healthy}], "degraded_gpus": [pci_bus_id], "other_downgraded_ports": int}``; a GPU is
-        healthy when its own status equals its own capability. ``other_downgraded_ports``
-        counts downgraded non-GPU devices and switch ports, which say nothing about the GPUs.
+        upstream (the bridge's bus id or None), gen_attainable, width_attainable, healthy (True,
+        False, or None: not judged), note (why, when not judged or degraded)}], "degraded_gpus":
+        [pci_bus_id], "other_downgraded_ports": int}``. A GPU is degraded when its width is below
+        the attainable width, or its speed below the attainable speed while it is known not to be
+        idle; a speed below the attainable one on an idle GPU, or one whose load is unknown, is not
+        judged (``healthy`` ``None``). ``other_downgraded_ports`` counts downgraded non-GPU
+        devices and switch ports, which say nothing about the GPUs.
+    :raises: nothing.
     """
+    idle = idle or {}
     gpus = []
     for device in devices:
         if not device["nvidia_gpu"]:
             continue
-        healthy = None
-        if device["sta_gen"] is not None and device["cap_gen"] is not None:
-            healthy = not device["downgraded"]
+        upstream = _upstream(device, devices)
+        gen_attainable = _lower(device["cap_gen"], upstream["cap_gen"] if upstream else None)
+        width_attainable = _lower(device["cap_width"], upstream["cap_width"] if upstream else None)
+        healthy = None  # type: Optional[bool]
+        note = None  # type: Optional[str]
+        sta_gen, sta_width = device["sta_gen"], device["sta_width"]
+        if sta_gen is not None and gen_attainable is not None:
+            healthy = True
+            if sta_width is not None and width_attainable is not None and sta_width < width_attainable:
+                healthy, note = False, "width x%d of an attainable x%d" % (sta_width, width_attainable)
+            if sta_gen < gen_attainable:
+                is_idle = idle.get(device["pci_bus_id"])
+                if is_idle is False:
+                    healthy = False
+                    note = "; ".join(n for n in (note, "Gen%d of an attainable Gen%d under load" % (
+                        sta_gen, gen_attainable)) if n)
+                elif healthy:
+                    healthy = None
+                    note = "Gen%d of an attainable Gen%d while the GPU is %s: an idle link trains down to save " \
+                           "power; not judged" % (sta_gen, gen_attainable, "idle" if is_idle else "of unknown load")
+            elif device["cap_gen"] is not None and gen_attainable < device["cap_gen"] and healthy:
+                note = "Gen%d: the upstream port %s allows no more" % (sta_gen, upstream["pci_bus_id"])
         gpus.append({
             "pci_bus_id": device["pci_bus_id"],
-            "gen_current": device["sta_gen"],
+            "gen_current": sta_gen,
             "gen_max": device["cap_gen"],
-            "width_current": device["sta_width"],
+            "width_current": sta_width,
             "width_max": device["cap_width"],
+            "upstream": upstream["pci_bus_id"] if upstream else None,
+            "gen_attainable": gen_attainable,
+            "width_attainable": width_attainable,
             "healthy": healthy,
+            "note": note,
         })
     return {
         "gpus": gpus,

@@ -143,7 +143,8 @@ def test_case26_switch_ports_downgraded_but_gpu_link_healthy():
     facts = facts_of("pcie-switch-downgraded")
     links = facts["pcie_gpu_links"]
     assert links["gpus"] == [{"pci_bus_id": "0000:19:00.0", "gen_current": 5, "gen_max": 5,
-                              "width_current": 16, "width_max": 16, "healthy": True}]
+                              "width_current": 16, "width_max": 16, "upstream": "0000:17:01.0",
+                              "gen_attainable": 5, "width_attainable": 16, "healthy": True, "note": None}]
     assert links["degraded_gpus"] == []
     assert links["other_downgraded_ports"] == 2
     assert not any("PCIe" in w for w in facts["warnings"])

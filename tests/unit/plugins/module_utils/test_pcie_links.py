@@ -28,3 +28,38 @@ def test_non_gpu_devices_are_not_judged():
     assert devices[0]["downgraded"] is True and devices[0]["nvidia_gpu"] is False
     report = gpu_link_report(devices)
     assert report == {"gpus": [], "degraded_gpus": [], "other_downgraded_ports": 1}
+
+
+BEHIND_A_GEN4_PORT = """\
+16:01.0 PCI bridge: Broadcom / LSI PEX890xx PCIe Gen 5 Switch (rev b0)
+\tBus: primary=16, secondary=19, subordinate=19, sec-latency=0
+\tCapabilities: [68] Express (v2) Downstream Port (Slot+), MSI 00
+\t\tLnkCap:\tPort #1, Speed 16GT/s, Width x16, ASPM L1
+\t\tLnkSta:\tSpeed 16GT/s (ok), Width x16 (ok)
+19:00.0 3D controller: NVIDIA Corporation GH100 [H100 SXM5 80GB] (rev a1)
+\tCapabilities: [60] Express (v2) Endpoint, MSI 00
+\t\tLnkCap:\tPort #0, Speed 32GT/s, Width x16, ASPM L1
+\t\tLnkSta:\tSpeed 16GT/s (downgraded), Width x16 (ok)
+"""
+
+
+def test_gpu_behind_a_port_that_allows_no_more_is_not_degraded():
+    report = gpu_link_report(parse_lspci_links(BEHIND_A_GEN4_PORT), {"0000:19:00.0": False})
+    gpu = report["gpus"][0]
+    assert (gpu["upstream"], gpu["gen_attainable"], gpu["width_attainable"]) == ("0000:16:01.0", 4, 16)
+    assert gpu["healthy"] is True and report["degraded_gpus"] == []
+    assert "allows no more" in gpu["note"]
+
+
+def test_speed_below_the_attainable_is_degraded_only_under_load_width_always():
+    devices = parse_lspci_links(DEGRADED_GPU)
+    # 0000:3b:00.0 runs Gen4 x8 of Gen5 x16: the width alone degrades it, idle or not.
+    for idle in (True, None, False):
+        assert gpu_link_report(devices, {"0000:3b:00.0": idle})["degraded_gpus"] == ["0000:3b:00.0"]
+    speed_only = parse_lspci_links(DEGRADED_GPU.replace("Width x8 (downgraded)", "Width x16 (ok)"))
+    busy = gpu_link_report(speed_only, {"0000:3b:00.0": False})
+    assert busy["degraded_gpus"] == ["0000:3b:00.0"] and "under load" in busy["gpus"][0]["note"]
+    for idle, word in ((True, "idle"), (None, "of unknown load")):
+        report = gpu_link_report(speed_only, {"0000:3b:00.0": idle})
+        assert report["degraded_gpus"] == [] and report["gpus"][0]["healthy"] is None
+        assert word in report["gpus"][0]["note"]
