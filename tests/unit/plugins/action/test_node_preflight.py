@@ -137,8 +137,11 @@ def test_action_reads_once_resolves_with_the_facts_it_read_and_decides():
     assert "version" not in resolve_args and "today" not in resolve_args  # "" means not given
     assert result["ansible_facts"]["ansible_kernel"] == "6.1.0-25-amd64"
     assert result["ansible_facts"]["nvidia"]["driver"]["loaded_version"] == OLD
-    # The holder ran on another controller and names no lease: unknown, younger than stale → refused.
-    assert result["probe"] == {"alive": None, "reason": "the holder ran on another controller and names no lease"}
+    # The holder ran on another controller and this run has no lease directory: unknown, younger
+    # than stale → refused, saying why.
+    assert result["probe"] == {"alive": None, "reason": "the holder ran on controller ctl-gone and this run keeps no "
+                                                        "lease directory to look in: its liveness is unknown"}
+    assert "the holder's liveness is unknown (the holder ran on controller ctl-gone" in result["lock"]["reasons"][0]
     assert result["lock"]["ok"] is False
     assert result["decision"]["preflight"]["action"] == "refuse"
     assert "_ansible_no_log" not in result["resolve"]
