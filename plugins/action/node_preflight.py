@@ -26,6 +26,7 @@ ARGUMENT_SPEC = {
     "drain": {"type": "str", "required": True,
               "choices": ["none", "command", "slurm", "slurm_reboot", "kubernetes"]},
     "scheduler_output": {"type": "str", "default": ""},
+    "scheduler_node": {"type": "str"},
     "lock_stale_s": {"type": "float", "default": 21600.0},
     "lock_break": {"type": "bool", "default": False},
     "resolve": {"type": "dict"},
@@ -90,7 +91,8 @@ class ActionModule(NodeAction):
         state = node_preflight.parse_state_files(read)
         warnings.extend(state["warnings"])
         try:
-            drain = node_preflight.scheduler(args["drain"], args["scheduler_output"], state["drain_record"])
+            drain = node_preflight.scheduler(args["drain"], args["scheduler_output"], state["drain_record"],
+                                             args["scheduler_node"] or None)
         except ValueError as exc:
             raise AnsibleActionFail("node_preflight: the node's state in %s: %s" % (args["drain"], exc))
         owner = args["owner"]
