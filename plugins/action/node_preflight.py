@@ -10,6 +10,7 @@ it runs on the node are the ones those tasks ran; the decision is ``plugin_utils
 
 from __future__ import annotations
 
+import os
 import time
 
 from ansible.errors import AnsibleActionFail
@@ -25,6 +26,7 @@ ARGUMENT_SPEC = {
     "drain": {"type": "str", "required": True,
               "choices": ["none", "command", "slurm", "slurm_reboot", "kubernetes"]},
     "scheduler_output": {"type": "str", "default": ""},
+    "scheduler_node": {"type": "str"},
     "lock_stale_s": {"type": "float", "default": 21600.0},
     "lock_break": {"type": "bool", "default": False},
     "resolve": {"type": "dict"},
@@ -89,18 +91,22 @@ class ActionModule(NodeAction):
         state = node_preflight.parse_state_files(read)
         warnings.extend(state["warnings"])
         try:
-            drain = node_preflight.scheduler(args["drain"], args["scheduler_output"], state["drain_record"])
+            drain = node_preflight.scheduler(args["drain"], args["scheduler_output"], state["drain_record"],
+                                             args["scheduler_node"] or None)
         except ValueError as exc:
             raise AnsibleActionFail("node_preflight: the node's state in %s: %s" % (args["drain"], exc))
         owner = args["owner"]
         found = state["lock_found"]
         probe = None
-        if isinstance(found, dict) and found.get("run_id") and found.get("run_id") != owner.get("run_id"):
-            pid = found.get("pid")
-            probe = run_lease.probe_holder(found.get("controller"), int(pid) if str(pid or "").isdigit() else None,
-                                           found.get("lease") or None)
+        if isinstance(found, dict) and found and (not found.get("run_id") or found.get("run_id") != owner.get("run_id")):
+            # The lease is looked up by the lock's run id in this run's own runs/ directory (the
+            # directory of this run's lease), never at the path the node's lock names.
+            own_lease = owner.get("lease")
+            runs_dir = os.path.dirname(own_lease) if isinstance(own_lease, str) and own_lease else None
+            probe = run_lease.probe_holder(found, runs_dir)
         lock = rollout_verdict.rollout_lock(found, owner, time.time(), args["lock_stale_s"],
-                                            probe["alive"] if probe else None, args["lock_break"])
+                                            probe["alive"] if probe else None, args["lock_break"],
+                                            probe["reason"] if probe else None)
         if lock.get("takeover"):
             warnings.append("lock taken over: %s%s" % ("; ".join(lock.get("notes") or []),
                                                        " (%s)" % probe["reason"] if probe else ""))

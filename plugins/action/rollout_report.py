@@ -24,7 +24,7 @@ ARGUMENT_SPEC = {
     "record": {"type": "dict"},
     "controller": {"type": "str"},
     "pid": {"type": "int"},
-    "lease": {"type": "str"},
+    "run_id": {"type": "str"},
     "hold": {"type": "bool", "default": False},
     "node_class": {"type": "str"},
     "traces": {"type": "dict"},
@@ -71,7 +71,9 @@ class ActionModule(ControllerAction):
         stamp, iso = _now()
         result["changed"] = False
         if state == "probe":
-            result.update(run_lease.probe_holder(args["controller"], args["pid"], args["lease"]))
+            runs = os.path.join(os.path.abspath(args["report_dir"]), "runs") if args["report_dir"] else None
+            result.update(run_lease.probe_holder({"controller": args["controller"], "pid": args["pid"],
+                                                  "run_id": args["run_id"]}, runs))
             return result
         if state == "start":
             run = run_identity()

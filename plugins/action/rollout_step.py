@@ -18,6 +18,7 @@ from ansible import context
 from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import state_file
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import scheduler_state
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
@@ -208,24 +209,22 @@ def drain_ends(outputs, slurm_names, now):
 
 
 def write_estimates(directory, ends):
-    """Keep the drain ends of this step beside the journal (I/O: an atomic replace)."""
-    path = os.path.join(directory, ESTIMATES)
-    with open(path + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump({"ends": ends}, handle, sort_keys=True)
-    os.replace(path + ".tmp", path)
+    """Keep the drain ends of this step beside the journal (I/O: ``state_file.write_atomic`` in the
+    report directory, made 0700 when missing)."""
+    state_file.private_dir(directory)
+    state_file.write_atomic(os.path.join(directory, ESTIMATES),
+                            json.dumps({"ends": ends}, sort_keys=True, allow_nan=False), 0o600)
 
 
 def read_estimates(directory):
-    """The drain ends :func:`write_estimates` kept, ``{host: epoch}``; ``{}`` when absent or unreadable."""
-    try:
-        with open(os.path.join(directory, ESTIMATES), "r", encoding="utf-8") as handle:
-            ends = json.load(handle).get("ends")
-    except (IOError, OSError, ValueError, AttributeError):
-        return {}
+    """The drain ends :func:`write_estimates` kept, ``{host: epoch}``; ``{}`` when absent or unreadable
+    (``state_file.read``: bounded, no NaN or infinity); entries that are not a host and a number are left out."""
+    found = state_file.read(os.path.join(directory, ESTIMATES))["content"]
+    ends = found.get("ends") if isinstance(found, dict) else None
     if not isinstance(ends, dict):
         return {}
     return dict((str(k), float(v)) for k, v in ends.items()
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v))
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 
 
 def with_estimates(nodes, ends, now):
@@ -265,11 +264,34 @@ def wait_on_journal(directory, poll_s, step):
 
 
 def _load_plan(directory):
-    try:
-        with open(os.path.join(directory, "plan.json"), "r", encoding="utf-8") as handle:
-            return json.load(handle)
-    except (IOError, OSError, ValueError):
-        raise AnsibleActionFail("rollout_step: no readable plan.json in %s: run the plan first" % directory)
+    found = state_file.read(os.path.join(directory, "plan.json"))
+    plan = found["content"]
+    if not isinstance(plan, dict) or not isinstance(plan.get("nodes", []), list):
+        raise AnsibleActionFail("rollout_step: no readable plan.json in %s (%s): run the plan first" % (
+            directory, found["unreadable"] or ("absent" if not found["exists"] else "nodes is not a list")))
+    return plan
+
+
+def journal_read(directory):
+    """``rollout_journal.read_journal``, refused when the journal itself cannot be read.
+
+    :raises AnsibleActionFail: naming the journal and why (deciding on an empty journal would
+        start nodes again).
+    """
+    found = rollout_journal.read_journal(directory)
+    if found["unreadable"]:
+        raise AnsibleActionFail("rollout_step: %s: move it away only once you know what it held" % found["unreadable"])
+    return found
+
+
+def journal_lost(result, found):
+    """Put the journal's lost lines in a step's result: ``journal_lost`` (how many),
+    ``journal_lost_lines`` (the first 20 ``unreadable: journal.jsonl:<line>: <why>``) and a warning."""
+    result["journal_lost"] = len(found["lost"])
+    result["journal_lost_lines"] = [entry["text"] for entry in found["lost"][:20]]
+    summary = rollout_journal.lost_summary(found["lost"])
+    if summary:
+        result.setdefault("warnings", []).append(summary)
 
 
 def choose_hosts(nodes, options, limit):
@@ -312,6 +334,17 @@ class ActionModule(ControllerAction):
     ARGUMENT_SPEC = ARGUMENT_SPEC
 
     def run(self, tmp=None, task_vars=None):
+        """Run one state (the options and results are in ``plugins/modules/rollout_step.py``).
+
+        :raises AnsibleActionFail: bad options, a report directory others can write, or a state
+            file that cannot be read (each named).
+        """
+        try:
+            return self._run(tmp, task_vars)
+        except (state_file.Unreadable, state_file.UnsafeDirectory) as exc:
+            raise AnsibleActionFail("rollout_step: %s" % exc)
+
+    def _run(self, tmp=None, task_vars=None):
         result = super(ActionModule, self).run(tmp, task_vars)
         args = self.validated_args()
         directory = os.path.abspath(args["report_dir"])
@@ -332,7 +365,9 @@ class ActionModule(ControllerAction):
             ends = drain_ends(args["squeue"], args["slurm_names"], now)
             if not self._task.check_mode and (ends or os.path.exists(os.path.join(directory, ESTIMATES))):
                 write_estimates(directory, ends)
-            nodes = with_estimates(rollout_journal.fleet_state(plan, rollout_journal.read(directory)), ends, now)
+            found = journal_read(directory)
+            journal_lost(result, found)
+            nodes = with_estimates(rollout_journal.fleet_state(plan, found["nodes"]), ends, now)
             decision, hosts = choose_hosts(nodes, options, limit)
             result["drain_estimates"] = len(ends)
             # A stopped rollout's step takes its nodes in flight (to release or finish them); when
@@ -343,7 +378,9 @@ class ActionModule(ControllerAction):
                            "deferred": decision["deferred"], "stages": decision["stages"]})
             return result
         if args["state"] == "unfinished":
-            journal = rollout_journal.read(directory)
+            found = journal_read(directory)
+            journal_lost(result, found)
+            journal = found["nodes"]
             result["unfinished"] = rollout_journal.unfinished(journal, args["candidates"])
             result["pending"] = rollout_journal.pending(journal, args["candidates"])
             return result

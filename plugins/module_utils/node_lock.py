@@ -20,51 +20,31 @@ with that reason unless told to break the lock.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
-import hashlib
 import json
 import os
-import stat
 from typing import Any, Dict, Iterator, Mapping, Optional
 
-#: Bytes of a state file read at most. A lock or flag is a few hundred bytes; the largest is the
-#: snapshot: the facts document (about 26 kB for 8 GPUs, 77 kB after a storm of 100,000 Xid lines,
-#: docs/facts.md) and the GPU trace before the update (about 10 kB for 8 GPUs, 3 s). A file larger
-#: than this is not ours.
-MAX_STATE_BYTES = 1048576
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import state_file
+
+#: Bytes of a state file read at most (:data:`state_file.MAX_STATE_BYTES`).
+MAX_STATE_BYTES = state_file.MAX_STATE_BYTES
 
 
 def read_state(path: str) -> Dict[str, Any]:
-    """Read one rollout state file (lock, flag, snapshot) without trusting its content.
+    """Read one rollout state file (lock, flag, snapshot, drain record) without trusting its content.
 
     :param path: the file's path on the node.
     :returns: ``{"exists": bool, "content": dict | None, "unreadable": str | None,
-        "identity": str | None}``: ``content`` is the parsed JSON object; ``unreadable`` says
-        why a file that exists could not be used (not a regular file, too large, not UTF-8,
-        not JSON, JSON but not an object); ``identity`` is :func:`identity` of the file.
-    :raises OSError: only for errors other than a missing file (e.g. permission denied).
+        "identity": str | None}``: ``content`` is the parsed JSON object; ``unreadable`` is
+        ``state_file``'s ``unreadable: <path>: <why>`` for a file that exists and cannot be used
+        (a symbolic link, a directory, not a regular file, cannot be opened, too large, not
+        UTF-8, not JSON, a NaN or Infinity, nested too deep, JSON but not an object);
+        ``identity`` is :func:`identity` of the file's bytes (``symlink``, ``directory`` or
+        ``special`` for what is not a regular file). Never raises.
     """
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except OSError as exc:
-        if exc.errno == errno.ENOENT:
-            return _state(False, None, None, None)
-        if exc.errno == errno.ELOOP:
-            return _state(True, None, "%s is a symbolic link" % path, "symlink")
-        if exc.errno == errno.EISDIR:
-            return _state(True, None, "%s is a directory" % path, "directory")
-        raise
-    try:
-        info = os.fstat(fd)
-        if stat.S_ISDIR(info.st_mode):
-            return _state(True, None, "%s is a directory" % path, "directory")
-        if not stat.S_ISREG(info.st_mode):
-            return _state(True, None, "%s is not a regular file" % path, "special")
-        raw = os.read(fd, MAX_STATE_BYTES + 1)
-    finally:
-        os.close(fd)
-    return parse_state(raw, path)
+    found = state_file.read(path)
+    return _state(found["exists"], found["content"], found["unreadable"], found["identity"])
 
 
 def read_states(paths: Mapping[str, str]) -> Dict[str, Dict[str, Any]]:
@@ -72,15 +52,10 @@ def read_states(paths: Mapping[str, str]) -> Dict[str, Dict[str, Any]]:
 
     :param paths: name → path on the node, e.g. ``{"lock": "/var/lib/gpufleet/rollout/lock.json"}``.
     :returns: name → :func:`read_state`'s result. A file that cannot even be opened (permission
-        denied, an I/O error) is unreadable with the reason, not an error: the caller decides.
+        denied, an I/O error) is unreadable with the reason, not an error: one file never fails
+        the others.
     """
-    out = {}  # type: Dict[str, Dict[str, Any]]
-    for name, path in paths.items():
-        try:
-            out[name] = read_state(path)
-        except OSError as exc:
-            out[name] = unreadable_state("%s cannot be read (%s)" % (path, exc.strerror or exc))
-    return out
+    return dict((name, read_state(path)) for name, path in paths.items())
 
 
 def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> Optional[str]:
@@ -96,16 +71,10 @@ def read_boot_id(path: str = "/proc/sys/kernel/random/boot_id") -> Optional[str]
 def parse_state(raw: bytes, path: str = "the file") -> Dict[str, Any]:
     """Parse the bytes of a state file: :func:`read_state`'s result for a file that exists."""
     ident = identity(raw)
-    if len(raw) > MAX_STATE_BYTES:
-        return _state(True, None, "%s is larger than %d bytes" % (path, MAX_STATE_BYTES), ident)
     try:
-        value = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        return _state(True, None, "%s is not UTF-8 text" % path, ident)
-    except ValueError as exc:
-        return _state(True, None, "%s is not JSON (%s)" % (path, exc), ident)
-    if not isinstance(value, dict):
-        return _state(True, None, "%s holds a JSON %s, not an object" % (path, type(value).__name__), ident)
+        value = state_file.loads(raw, path)
+    except state_file.Unreadable as exc:
+        return _state(True, None, exc.text(), ident)
     return _state(True, value, None, ident)
 
 
@@ -121,15 +90,14 @@ def _state(exists: bool, content: Optional[Dict[str, Any]], unreadable: Optional
 
 def identity(raw: Optional[bytes]) -> Optional[str]:
     """What the lock file is, for compare-and-swap: ``None`` (absent) or ``sha256:<hex>`` of its bytes."""
-    if raw is None:
-        return None
-    return "sha256:" + hashlib.sha256(raw).hexdigest()
+    return state_file.identity(raw)
 
 
 @contextlib.contextmanager
 def _directory_locked(directory: str) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on the state directory (created 0700 when missing)."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    """Hold an exclusive ``flock`` on the state directory (created 0700 when missing; one that others
+    can write is refused, :func:`state_file.private_dir`)."""
+    state_file.private_dir(directory)
     fd = os.open(directory, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -151,7 +119,8 @@ def acquire(path: str, lock: Mapping[str, Any], expect: Optional[str]) -> Dict[s
     :returns: ``{"acquired": bool, "changed": bool, "found": the lock now there (dict, or None
         when absent or unreadable), "reason": str | None}``. ``acquired`` is false when
         another writer changed the file since it was read; nothing is written then.
-    :raises OSError: when the directory or file cannot be written.
+    :raises OSError: when the directory or file cannot be written
+        (``state_file.UnsafeDirectory`` when others can write the directory).
     """
     directory = os.path.dirname(path) or "."
     with _directory_locked(directory):
@@ -169,16 +138,7 @@ def acquire(path: str, lock: Mapping[str, Any], expect: Optional[str]) -> Dict[s
         data = (json.dumps(dict(lock), indent=2, sort_keys=True) + "\n").encode("utf-8")
         if now is not None and now == identity(data):
             return {"acquired": True, "changed": False, "found": dict(lock), "reason": None}
-        temporary = "%s.%d.tmp" % (path, os.getpid())
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.rmdir(path)
-        os.rename(temporary, path)
+        state_file.write_atomic(path, data, 0o600)
         return {"acquired": True, "changed": True, "found": dict(lock), "reason": None}
 
 

@@ -193,13 +193,29 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.node_files import write_file
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import node_lock, state_file
 
 
 def write_state(module, path, content):
-    """Write a state file (JSON, the form ``to_nice_json`` gives, mode 0600) when it differs; whether it did."""
-    return write_file(module, path, json.dumps(content, indent=4, sort_keys=True) + "\n", 0o600)
+    """Write a state file (JSON, the form ``to_nice_json`` gives, mode 0600) when it differs; whether it did.
+
+    Through ``state_file.write_atomic`` (a new temporary file, ``fsync``, ``rename``) in a directory
+    ``state_file.private_dir`` allows (made 0700 when missing; one others can write is refused).
+
+    :raises OSError: the directory is refused or cannot be written.
+    """
+    data = (json.dumps(content, indent=4, sort_keys=True) + "\n").encode("utf-8")
+    try:
+        found = state_file.read_file(path)
+    except state_file.Unreadable:
+        found = None
+    if found is not None and found[0] == data and (found[1].st_mode & 0o7777) == 0o600:
+        return False
+    if module.check_mode:
+        return True
+    state_file.private_dir(os.path.dirname(path) or ".")
+    state_file.write_atomic(path, data, 0o600)
+    return True
 
 
 def closed_content(close):

@@ -48,6 +48,11 @@ options:
       empty for V(none) and V(command).
     type: str
     default: ""
+  scheduler_node:
+    description:
+      - The Slurm node name O(scheduler_output) was asked for; an answer for another node is refused. Not checked when
+        not given.
+    type: str
   lock_stale_s:
     description: Seconds after which a lock whose holder's liveness is unknown may be taken over (0 never).
     type: float

@@ -78,11 +78,12 @@ options:
   pid:
     description: Process id of the lock holder to probe.
     type: int
-  lease:
+  run_id:
     description:
-      - The lease file the lock holder named (C(<report_dir>/runs/<run_id>.lease)), for O(state=probe) when the
-        holder ran on another controller (the next AWX job's container is another host). Renewed within 300 s,
-        the holder runs; older, it is gone; not visible here, unknown.
+      - The lock holder's run id, for O(state=probe) when the holder ran on another controller (the next AWX job's
+        container is another host): its lease is C(<report_dir>/runs/<run_id>.lease) under this rollout's own
+        O(report_dir), never a path the node's lock names. Renewed within 300 s, the holder runs; older, it is gone;
+        absent, unreadable, of another run or modified in the future, unknown.
     type: str
 notes:
   - This module supports check mode; in check mode it writes nothing.
@@ -128,8 +129,8 @@ golden:
   type: dict
 alive:
   description:
-    - Whether the probed run still runs; V(null) when it cannot be told from here (another controller and no lease
-      visible).
+    - Whether the probed run still runs; V(null) when it cannot be told from here (no controller, no pid or one that
+      is not a process id, another controller and no lease of that run here, a lease from the future).
   returned: when O(state=probe)
   type: bool
 reason:

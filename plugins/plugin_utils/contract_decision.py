@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import contract_diff
@@ -47,6 +48,9 @@ POLICY_FIELDS = {
     "gpu_policy_ecc_mode": ("ecc_current", "ecc_pending"),
     "gpu_policy_compute_mode": ("compute_mode",),
 }
+
+#: Every contract field some GPU policy variable holds: ``held`` is never believed for another.
+POLICY_HELD = frozenset(field for fields in POLICY_FIELDS.values() for field in fields)
 
 #: Every name a change can have: the contract's fields and the GPU count entries.
 FIELD_NAMES = tuple(key for key, _unit, _label, _source in NODE_FIELDS + GPU_FIELDS) + (
@@ -88,24 +92,36 @@ def classify(entries: Sequence[Mapping[str, Any]], held: Iterable[str] = ()) -> 
         "held" | "now_known" | "open", "gpus"?: [index]}]`` in the entries' order; ``open``
         needs the controller's :func:`resolve`.
     """
-    held = set(held)
+    held = set(held) & POLICY_HELD
     out = []
     for entry in entries:
         field = entry.get("field")
+        # A value's change (not a GPU gone or new): its sides say whether it was known.
+        valued = entry.get("kind") in ("changed", "now_known", "no_longer_known")
+        before_unknown = valued and _unknown(entry.get("before"))
+        if before_unknown and _unknown(entry.get("after")):
+            continue  # unknown before and after (a NaN is not equal to itself): nothing changed
         if field in EXPECTED_FIELDS:
             decision = "expected"
         elif field in held:
             decision = "held"
-        elif entry.get("kind") == "now_known":
+        elif before_unknown:
             decision = "now_known"
         else:
             decision = "open"
         change = {"field": field, "scope": entry.get("scope"), "text": contract_diff.describe(entry),
                   "decision": decision}
+        if decision == "now_known":
+            change["before"] = None  # the evidence checked_changes wants for it
         if "gpus" in entry:
             change["gpus"] = list(entry["gpus"])
         out.append(change)
     return out
+
+
+def _unknown(value: Any) -> bool:
+    """A contract value that says nothing: ``None``, or a float NaN (NaN is unknown, not a value)."""
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def parse_accept(value: Any) -> List[str]:
@@ -146,8 +162,9 @@ def parse_mode(value: Any) -> str:
     return text
 
 
-#: The field of a change that stands for a record that cannot be read: no accept list matches it
-#: but ``*``, so a corrupt record stops the rollout instead of opening the canary stage.
+#: The field of a change that stands for a record that cannot be read: no accept pattern matches
+#: it, not even ``*`` or its own name, so corrupt evidence always stops the rollout before the
+#: canary stage (the golden node is read again: rolled back and upgraded by the same rollout).
 UNREADABLE = "unreadable_contract_record"
 
 
@@ -156,18 +173,23 @@ def unreadable(what: str) -> Dict[str, Any]:
     return {"field": UNREADABLE, "scope": "node", "text": "%s cannot be read" % what, "decision": "open"}
 
 
-def checked_changes(changes: Any) -> List[Dict[str, Any]]:
+def checked_changes(changes: Any, held: Optional[Iterable[str]] = None) -> List[Dict[str, Any]]:
     """Recorded changes (a journal line, a record: untrusted), each checked; fail closed.
 
     A change that is not a mapping with a text ``field`` becomes :func:`unreadable`; a decision
-    the record cannot prove is reopened: ``expected`` only for :data:`EXPECTED_FIELDS`, anything
-    but ``expected``, ``held`` or ``now_known`` is ``open``; ``text`` defaults to the field.
+    the record cannot prove is reopened: ``expected`` only for :data:`EXPECTED_FIELDS`; ``held``
+    only for a field some GPU policy holds (:data:`POLICY_HELD`) and, given ``held``, one of the
+    node's declared policy; ``now_known`` only when the change records the value as unknown before
+    (``"before": null``, :func:`classify`); anything else is ``open``; ``text`` defaults to the
+    field. A change that claims to be the unreadable stand-in keeps its field (never accepted).
 
+    :param held: the fields the node's declared policy holds (:func:`held_fields`), when known.
     :returns: changes with ``field``, ``text`` (str), ``decision`` and, when given as a list,
         ``gpus``; a value that is not a list at all is one unreadable change.
     """
     if not isinstance(changes, list):
         return [unreadable("the record of the contract changes (%s, not a list)" % type(changes).__name__)]
+    declared = POLICY_HELD if held is None else POLICY_HELD & set(held)
     out = []
     for number, change in enumerate(changes):
         if not isinstance(change, Mapping) or not isinstance(change.get("field"), str) or not change["field"]:
@@ -176,10 +198,18 @@ def checked_changes(changes: Any) -> List[Dict[str, Any]]:
         decision = change.get("decision") if isinstance(change.get("decision"), str) else "open"
         if decision == "expected" and change["field"] not in EXPECTED_FIELDS:
             decision = "open"
+        elif decision == "held" and change["field"] not in declared:
+            decision = "open"
+        elif decision == "now_known" and not ("before" in change and _unknown(change.get("before"))):
+            decision = "open"
         elif decision not in ("expected", "held", "now_known"):
+            decision = "open"
+        if change["field"] == UNREADABLE:
             decision = "open"
         text = change.get("text") if isinstance(change.get("text"), str) and change.get("text") else change["field"]
         clean = {"field": change["field"], "scope": change.get("scope"), "text": text, "decision": decision}
+        if decision == "now_known":
+            clean["before"] = None
         if isinstance(change.get("gpus"), list):
             clean["gpus"] = list(change["gpus"])
         out.append(clean)
@@ -188,8 +218,9 @@ def checked_changes(changes: Any) -> List[Dict[str, Any]]:
 
 def resolve(changes: Any, accept: Sequence[str]) -> List[Dict[str, Any]]:
     """Settle the ``open`` changes of :func:`classify`: ``accepted`` when a pattern matches the field,
-    ``unexplained`` otherwise; the others keep their decision. The changes are read with
-    :func:`checked_changes` first.
+    ``unexplained`` otherwise (always for :data:`UNREADABLE`: no pattern accepts unreadable
+    evidence); the others keep their decision. The changes are read with :func:`checked_changes`
+    first.
 
     :returns: the changes, each with ``decision`` final and ``why`` (a few words).
     """
@@ -197,7 +228,8 @@ def resolve(changes: Any, accept: Sequence[str]) -> List[Dict[str, Any]]:
     for change in checked_changes(changes):
         decision = change["decision"]
         if decision == "open":
-            decision = "accepted" if any(fnmatch.fnmatchcase(change["field"], p) for p in accept) else "unexplained"
+            decision = "accepted" if change["field"] != UNREADABLE and any(
+                isinstance(p, str) and fnmatch.fnmatchcase(change["field"], p) for p in accept) else "unexplained"
         out.append(dict(change, decision=decision, why=_WHY[decision]))
     return out
 

@@ -69,18 +69,21 @@ def parse_state_files(read: Mapping[str, Any]) -> Dict[str, Any]:
     }
 
 
-def scheduler(backend: str, output: Optional[str], drain_record: Mapping[str, Any]) -> Dict[str, Any]:
+def scheduler(backend: str, output: Optional[str], drain_record: Mapping[str, Any],
+              node: Optional[str] = None) -> Dict[str, Any]:
     """The node's state in its scheduler and whether a rollout of this collection drains it.
 
     :param backend: ``node_upgrade_drain``.
     :param output: what the backend's read command printed (``scontrol show node -o``, the
         cordon jsonpath), ``""`` for ``command`` and ``none``.
     :param drain_record: the node's ``drain.json`` (:func:`parse_state_files`).
+    :param node: the Slurm node name asked for (an answer for another is refused), or ``None``.
     :returns: ``{"sched": scheduler_state.drain_state(...), "drain_owned": bool}``: owned unless
         the backend is ``none`` or someone else drained the node (no drain record of ours).
-    :raises ValueError: an unknown backend, or output Slurm does not write.
+    :raises ValueError: an unknown backend, output Slurm does not write, or an answer for
+        another node.
     """
-    sched = scheduler_state.drain_state(backend, output or "")
+    sched = scheduler_state.drain_state(backend, output or "", node)
     owned = backend != "none" and not scheduler_state.drained_by_others(sched, drain_record)
     return {"sched": sched, "drain_owned": owned}
 
@@ -187,13 +190,15 @@ def decide(facts: Optional[Mapping[str, Any]], resolve: Mapping[str, Any], state
                         "reasons": reasons + list(decided["reasons"]), "flags": flags + list(decided["flags"])})
     if decided["action"] == "upgrade" and not options.get("allow_drained") \
             and scheduler_state.drained_by_others(dict(sched), state.get("drain_record")):
+        gpu_count = sched.get("drain_kind") == "gpu_count"
         decided.update({
             "ok": False, "action": "refuse",
             "reasons": list(decided["reasons"]) + [
-                "drained in %s before the rollout (%s): its state is unknown, not touched;"
+                "drained in %s before the rollout (%s): %s, not touched;"
                 " node_upgrade_allow_drained=true upgrades it and leaves it drained"
-                % (options.get("drain"), sched.get("reason") or "no reason")],
-            "flags": list(decided["flags"]) + ["drained_by_others"]})
+                % (options.get("drain"), scheduler_state.describe_drain(dict(sched)),
+                   "a GPU or driver fault" if gpu_count else "its state is unknown")],
+            "flags": list(decided["flags"]) + ["drained_by_others"] + (["gpu_count_drain"] if gpu_count else [])})
     target = str(saved["staged"].get("target") or "") if staged else str((resolved or {}).get("version") or "")
     left = rv.left_over(decided, dict(lock) or None, state.get("lock_found") or None, saved or None, rollout_id,
                         target or None)

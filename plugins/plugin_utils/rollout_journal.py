@@ -35,6 +35,16 @@ controller killed anywhere leaves every line it wrote whole:
 A node started and not finished is in flight: the next step resumes it first (its transaction
 reads its own state on the node and continues, or finds it done). Appending costs the same
 whatever the journal's length; reading it is linear in its lines.
+
+A journal can be damaged: its last line cut (a full disk, a copy taken mid-write), a line
+overwritten. It never loses more than the damaged line: appending ends a cut last line first
+(``state_file.append_line``), so the next event is a line of its own; reading
+(``state_file.read_lines``) reads every line on its own (UTF-8, JSON, bounded), gives back a
+whole event glued onto a cut line by an older writer, and counts the lines it cannot read
+(:func:`read_journal`'s ``lost``: each ``unreadable: journal.jsonl:<line>: <why>``), which the
+step's output and the reports show. A node named by a lost line after its last readable event
+is ambiguous: it is in flight (the next step resumes it: its transaction finds what happened)
+and flagged (``journal_lost``), never silently done, failed or not started.
 """
 
 from __future__ import annotations
@@ -43,21 +53,32 @@ import contextlib
 import fcntl
 import json
 import os
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import state_file
 
 JOURNAL = "journal.jsonl"
 
 
 @contextlib.contextmanager
 def locked(directory: str) -> Iterator[None]:
-    """Hold an exclusive ``fcntl.flock`` on ``<directory>/.lock`` (I/O: creates the directory)."""
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, ".lock"), "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+    """Hold an exclusive ``fcntl.flock`` on ``<directory>/.lock``.
+
+    I/O: creates the directory 0700 (``state_file.private_dir``).
+    :raises state_file.UnsafeDirectory: the directory exists and others can write it (the message
+        gives the fix).
+    :raises OSError: the directory or its lock file cannot be made.
+    """
+    state_file.private_dir(directory)
+    fd = os.open(os.path.join(directory, ".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def append(directory: str, event: Mapping[str, Any]) -> None:
@@ -66,32 +87,58 @@ def append(directory: str, event: Mapping[str, Any]) -> None:
         append_in_lock(directory, event)
 
 
-def append_in_lock(directory: str, event: Mapping[str, Any]) -> None:
-    """Append one event while the caller holds :func:`locked` on ``directory`` (I/O)."""
-    with open(os.path.join(directory, JOURNAL), "a", encoding="utf-8") as handle:
-        handle.write(json.dumps(dict(event), sort_keys=True) + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+def append_in_lock(directory: str, event: Mapping[str, Any]) -> bool:
+    """Append one event while the caller holds :func:`locked` on ``directory`` (I/O; ``fsync``).
+
+    A cut last line is ended first, so that only it is lost (``state_file.append_line``).
+    :returns: whether a cut last line was ended.
+    :raises ValueError: an event that JSON cannot hold (a NaN, an infinity, a non-text key).
+    :raises OSError: the journal cannot be written (a symbolic link in its place: ``ELOOP``).
+    """
+    line = json.dumps(dict(event), sort_keys=True, allow_nan=False).encode("utf-8")
+    return state_file.append_line(os.path.join(directory, JOURNAL), line)
 
 
-def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
-    """Fold journal lines into the state of each node.
+def _as_bytes(lines: Iterable[Union[str, bytes]]) -> bytes:
+    parts = []
+    for line in lines:
+        raw = line if isinstance(line, bytes) else str(line).encode("utf-8", "surrogateescape")
+        parts.append(raw.rstrip(b"\n"))
+    return b"\n".join(parts) + (b"\n" if parts else b"")
 
-    :param lines: an iterable of text lines (a line that is not a whole JSON object is skipped:
-        only the last line of a killed writer can be cut, and it said nothing yet).
+
+def fold_lines(lines: Iterable[Union[str, bytes]]) -> Dict[str, Dict[str, Any]]:
+    """Fold journal lines into the state of each node (:func:`fold` of ``state_file.read_lines``).
+
+    :param lines: text or byte lines (one event each), in order.
+    :returns: :func:`fold`'s state.
+    """
+    scanned = state_file.read_lines(_as_bytes(lines), JOURNAL)
+    return fold(scanned["events"], scanned["lost"])
+
+
+def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
+         lost: Sequence[Mapping[str, Any]] = ()) -> Dict[str, Dict[str, Any]]:
+    """Fold journal events into the state of each node.
+
+    :param events: ``[(line number, event)]`` in order (``state_file.read_lines``'s ``events``);
+        an event without a text ``node`` names no node.
+    :param lost: the lines that could not be read (``state_file.read_lines``'s ``lost``: ``line``,
+        ``text``, ``node`` when the damaged line names one).
     :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
         "finished_at", "result", "changed", "signature", "implicates_driver", "target",
-        "run_id", "draining"?, "drained"?, "pending"?, "contract_changes"?}}``; nodes the journal never named are absent (not started);
-        ``pending`` is true for a node in flight that waits for its scheduler's reboot.
+        "run_id", "draining"?, "drained"?, "pending"?, "contract_changes"?, "journal_lost"?:
+        [text], "ambiguous"?: text}}``; nodes the journal never named are absent (not started);
+        ``pending`` is true for a node in flight that waits for its scheduler's reboot. A node a
+        lost line names after its last readable event is ``in_flight`` with ``ambiguous`` (that
+        line's ``unreadable: ...``); ``journal_lost`` lists every lost line that names it.
     """
     state = {}  # type: Dict[str, Dict[str, Any]]
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
+    last = {}  # type: Dict[str, int]
+    for number, event in events:
+        if not isinstance(event, Mapping) or not isinstance(event.get("node"), str):
             continue
-        if not isinstance(event, dict) or not isinstance(event.get("node"), str):
-            continue
+        last[event["node"]] = number
         node = state.setdefault(event["node"], {})
         kind = event.get("event")
         if kind == "started":
@@ -129,16 +176,71 @@ def fold_lines(lines: Any) -> Dict[str, Dict[str, Any]]:
             node.pop("drained", None)
             node.pop("pending", None)
             node["finished_at"] = event.get("time")
+    for entry in lost:
+        name = entry.get("node")
+        if not isinstance(name, str):
+            continue
+        node = state.setdefault(name, {})
+        node.setdefault("journal_lost", []).append(entry.get("text"))
+        if int(entry.get("line") or 0) > last.get(name, 0):
+            # What the lost line said of the node is unknown: it may have started, finished or failed.
+            node["status"] = "in_flight"
+            node["ambiguous"] = entry.get("text")
     return state
 
 
-def read(directory: str) -> Dict[str, Dict[str, Any]]:
-    """The state of each node named in ``<directory>/journal.jsonl`` (I/O; ``{}`` when absent)."""
+def read_journal(directory: str) -> Dict[str, Any]:
+    """Read ``<directory>/journal.jsonl`` whole, damaged or not (I/O).
+
+    :returns: ``{"nodes": :func:`fold`, "lines": [text lines, a line that is not UTF-8 with its
+        bad bytes replaced], "lost": [{"line", "why", "text", "node"?}], "cut_tail": bool,
+        "unreadable": "unreadable: <path>: <why>" | None}``: ``unreadable`` when the file itself
+        cannot be read (a link, a directory, larger than ``state_file.MAX_JOURNAL_BYTES``): then
+        nothing of it is used. An absent journal is empty. Never raises.
+    """
+    path = os.path.join(directory, JOURNAL)
+    empty = {"nodes": {}, "lines": [], "lost": [], "cut_tail": False, "unreadable": None}
     try:
-        with open(os.path.join(directory, JOURNAL), "r", encoding="utf-8") as handle:
-            return fold_lines(handle)
-    except (IOError, OSError):
-        return {}
+        raw = state_file.read_bytes(path, state_file.MAX_JOURNAL_BYTES)
+    except state_file.Unreadable as exc:
+        return dict(empty, unreadable=exc.text())
+    if raw is None:
+        return empty
+    if len(raw) > state_file.MAX_JOURNAL_BYTES:
+        return dict(empty, unreadable=state_file.Unreadable(
+            path, "larger than %d bytes" % state_file.MAX_JOURNAL_BYTES).text())
+    scanned = state_file.read_lines(raw, JOURNAL)
+    lines, _cut = state_file.split_lines(raw)
+    return {"nodes": fold(scanned["events"], scanned["lost"]),
+            "lines": [line.decode("utf-8", "replace") for line in lines],
+            "lost": scanned["lost"], "cut_tail": scanned["cut_tail"], "unreadable": None}
+
+
+def read(directory: str) -> Dict[str, Dict[str, Any]]:
+    """The state of each node named in ``<directory>/journal.jsonl`` (I/O; ``{}`` when absent).
+
+    :raises state_file.Unreadable: the journal exists and cannot be read at all (a link, a
+        directory, too large): deciding as if it were empty would start nodes again.
+    """
+    found = read_journal(directory)
+    if found["unreadable"]:
+        raise state_file.Unreadable(os.path.join(directory, JOURNAL), found["unreadable"].split(": ", 2)[-1])
+    return found["nodes"]
+
+
+def lost_summary(lost: Sequence[Mapping[str, Any]], limit: int = 5) -> Optional[str]:
+    """One sentence for the step output and the reports: how many journal lines were lost and where.
+
+    :returns: e.g. ``"2 lines of journal.jsonl cannot be read (lines 4, 9): unreadable:
+        journal.jsonl:4: not JSON (...)"``, or ``None`` when none was lost.
+    """
+    if not lost:
+        return None
+    numbers = [str(entry.get("line")) for entry in lost]
+    shown = ", ".join(numbers[:limit]) + (", ..." if len(numbers) > limit else "")
+    return "%d line%s of %s cannot be read (line%s %s): %s" % (
+        len(lost), "s" if len(lost) > 1 else "", JOURNAL, "s" if len(lost) > 1 else "", shown,
+        "; ".join(str(entry.get("text")) for entry in lost[:2]))
 
 
 def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]]) -> List[Dict[str, Any]]:
@@ -147,7 +249,8 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
     :param plan: ``plan.json`` (``nodes``: ``[{"name", "stage", "class", "domain"}]``).
     :param journal: :func:`read`.
     :returns: ``[{"name", "stage", "class", "domain", "status", "signature"?,
-        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?, "drained"?, "contract_changes"?}]``.
+        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?, "drained"?, "contract_changes"?,
+        "journal_lost"?, "ambiguous"?}]``.
     """
     nodes = []
     for node in plan.get("nodes") or []:
@@ -155,7 +258,7 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
         row = dict(node)
         row["status"] = state.get("status") or "pending"
         for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service",
-                    "draining", "drained"):
+                    "draining", "drained", "journal_lost", "ambiguous"):
             if state.get(key) is not None:
                 row[key] = state[key]
         if "contract_changes" in state:
@@ -214,20 +317,24 @@ def concurrent_rollouts(parent: str, rollout_id: str, nodes: Any, now: float, st
         return found
     for name in names:
         directory = os.path.join(parent, name)
+        plan = state_file.read(os.path.join(directory, "plan.json"))["content"]
+        if not isinstance(plan, dict):
+            continue
         try:
-            with open(os.path.join(directory, "plan.json"), "r", encoding="utf-8") as handle:
-                plan = json.load(handle)
             other = plan.get("rollout_id")
             age = now - max(os.stat(os.path.join(directory, f)).st_mtime for f in ("plan.json", JOURNAL)
                             if os.path.exists(os.path.join(directory, f)))
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError):
             continue
-        overlap = sorted(set(nodes) & set(n.get("name") for n in plan.get("nodes") or [] if isinstance(n, dict)))
+        listed = plan.get("nodes") if isinstance(plan.get("nodes"), list) else []
+        overlap = sorted(set(nodes) & set(n.get("name") for n in listed if isinstance(n, dict)
+                                          and isinstance(n.get("name"), str)))
         if other == rollout_id or not overlap:
             continue
-        journal = read(directory)
+        journal = read_journal(directory)["nodes"]
         flying = sorted(n for n, s in journal.items() if s.get("status") == "in_flight")
-        runs = sorted(set(journal[n].get("run_id") or "" for n in flying) | set((plan.get("runs") or [])[-1:]))
+        latest = list(state_file.iter_names(plan.get("runs")))[-1:]
+        runs = sorted(set(str(journal[n].get("run_id") or "") for n in flying) | set(latest))
         for run_id in runs:
             live = alive(run_id)
             if live or (live is None and age <= stale_s):

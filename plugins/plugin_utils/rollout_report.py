@@ -26,7 +26,6 @@ flagged), ``refused`` (preflight said no; nothing changed), ``failed``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -35,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from jinja2 import Environment, StrictUndefined
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog, state_file
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import next_step
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     prometheus_textfile,
@@ -46,7 +45,13 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     rollout_prometheus,
 )
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_journal import locked
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_output import write_atomic
+
+
+def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+    """Write a report file atomically (``state_file.write_atomic``: a new temporary file, ``fsync``,
+    ``rename``); its directory is made 0700 when missing (``state_file.private_dir``)."""
+    state_file.private_dir(os.path.dirname(os.path.abspath(path)))
+    state_file.write_atomic(path, text, mode)
 
 RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed")
 STOPPING = ("rolled_back", "flagged", "refused", "failed", "unreachable", "interrupted")
@@ -332,7 +337,7 @@ Hardware contract, decided by each class's golden node:
 | node | stage | result | before | after | target | time | reason |
 |---|---|---|---|---|---|---:|---|
 {% for n in r.nodes %}
-| {{ n.node | md }} | {{ n.stage }} | {{ n.result }} | {{ n.before }} | {{ n.after }} | {{ n.target }} | {{ n.time }} | {{ n.reason | md }} |
+| {{ n.node | md }} | {{ n.stage | md }} | {{ n.result | md }} | {{ n.before | md }} | {{ n.after | md }} | {{ n.target | md }} | {{ n.time | md }} | {{ n.reason | md }} |
 {% endfor %}
 {% if r.quarantined %}
 
@@ -355,8 +360,24 @@ Notes:
 """
 
 
-def _md(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+#: Characters that mean something in a Markdown table cell or inline text (CommonMark 0.31
+#: "Backslash escapes": any ASCII punctuation may be escaped); ``|`` ends a GFM table cell.
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|~])")
+_MD_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]+")
+
+
+def md_cell(value: Any) -> str:
+    """``value`` as text safe in a Markdown table cell or list item: the characters that open code,
+    emphasis, links, HTML, strike-through or end a cell backslash-escaped (an ``_`` inside a word
+    opens nothing, CommonMark 0.31 section 6.2, and is kept), line breaks and control characters a space each, at most 2,000 characters
+    (a driver version, a reason or a node name from a node is not trusted to be plain)."""
+    text = _MD_CONTROL.sub(" ", str(value))
+    if len(text) > 2000:
+        text = text[:2000] + "..."
+    return _MD_SPECIAL.sub(r"\\\1", text)
+
+
+_md = md_cell
 
 
 def _texts(value: Any) -> List[str]:
@@ -437,15 +458,13 @@ def render_markdown(report: Mapping[str, Any]) -> str:
 
 
 def _load(path: str) -> Optional[Dict[str, Any]]:
-    try:
-        with open(path, "r", encoding="utf-8") as handle:
-            return json.load(handle)
-    except (IOError, OSError, ValueError):
-        return None
+    """A JSON object file of the report directory (``state_file.read``), ``None`` when absent or unreadable."""
+    return state_file.read(path)["content"]
 
 
 def read_records(directory: str) -> Dict[str, Dict[str, Any]]:
-    """``{host: record}`` from ``<directory>/nodes/*.json`` (I/O)."""
+    """``{host: record}`` from ``<directory>/nodes/*.json`` (I/O); a record's host is its ``node``
+    when that names this very file (:func:`file_name`), else the file's name."""
     nodes_dir = os.path.join(directory, "nodes")
     out = {}
     if os.path.isdir(nodes_dir):
@@ -453,27 +472,16 @@ def read_records(directory: str) -> Dict[str, Dict[str, Any]]:
             if name.endswith(".json") and not name.startswith("."):
                 record = _load(os.path.join(nodes_dir, name))
                 if record is not None:
-                    out[name[:-5]] = record
+                    node = record.get("node")
+                    out[node if isinstance(node, str) and node and file_name(node) == name[:-5] else name[:-5]] = record
     return out
 
 
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
-
-
 def file_name(node: str) -> str:
-    """A file name for an inventory host name: the name itself when it is plain (letters, digits,
-    ``.``, ``_``, ``-``, not first, at most 200), else its characters outside those written as
-    ``%XX`` (UTF-8) and, when that is long, cut with a hash of the whole name kept
-    (``2001%3Adb8%3A%3A1`` for ``2001:db8::1``)."""
-    if _SAFE_NAME.match(node) and node not in (".", ".."):
-        return node
-    quoted = "".join(ch if (ch.isascii() and (ch.isalnum() or ch in "._-")) else
-                     "".join("%%%02X" % b for b in ch.encode("utf-8", "replace")) for ch in node)
-    if quoted[:1] in (".", "-", "_") or quoted in ("", ".", ".."):
-        quoted = "%%%02X" % ord(quoted[0]) + quoted[1:] if quoted else "%00"
-    if len(quoted) > 200:
-        quoted = quoted[:180] + "-" + hashlib.sha256(node.encode("utf-8", "replace")).hexdigest()[:16]
-    return quoted
+    """A file name for an inventory host name (``state_file.file_name``, the one rule): the name
+    itself when it is plain, else quoted (``2001%3Adb8%3A%3A1`` for ``2001:db8::1``, ``%2E.%2Fx`` for
+    ``../x``). :raises ValueError: for a name that is not text or is empty."""
+    return state_file.file_name(node)
 
 
 def store_traces(directory: str, node: str, traces: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
@@ -498,7 +506,6 @@ def store_traces(directory: str, node: str, traces: Mapping[str, Any]) -> Option
         if not isinstance(trace, Mapping) or not isinstance(trace.get("csv"), str):
             continue
         path = os.path.join(directory, "traces", "%s.%s.csv" % (file_name(node), side))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         write_atomic(path, trace["csv"].encode("utf-8", "replace").decode("utf-8"))
         out["%s_csv" % side] = path
         out["samples"][side] = max(0, trace["csv"].count("\n") - 1)
@@ -524,9 +531,9 @@ def golden_contract(directory: str, klass: str) -> Optional[Dict[str, Any]]:
     nodes = plan.get("nodes") if isinstance(plan, Mapping) else None
     for node in nodes if isinstance(nodes, list) else []:
         if not isinstance(node, Mapping) or node.get("stage") != "golden" or node.get("class") != klass \
-                or not isinstance(node.get("name"), str) or not _SAFE_NAME.match(node["name"]):
+                or not isinstance(node.get("name"), str) or not node["name"]:
             continue
-        record = _load(os.path.join(directory, "nodes", "%s.json" % node["name"]))
+        record = _load(os.path.join(directory, "nodes", "%s.json" % file_name(node["name"])))
         record = record if isinstance(record, Mapping) else {}
         contract = record.get("contract") if isinstance(record.get("contract"), Mapping) else {}
         if record.get("result") in ("upgraded", "skipped") and isinstance(contract.get("after"), Mapping):
@@ -557,7 +564,7 @@ def store_record(directory: str, record: Mapping[str, Any],
     :returns: the record's path.
     """
     with locked(directory):
-        path = os.path.join(directory, "nodes", "%s.json" % record["node"])
+        path = os.path.join(directory, "nodes", "%s.json" % file_name(record["node"]))
         merged = merge_record(_load(path), record)
         write_atomic(path, json.dumps(merged, indent=1, sort_keys=True) + "\n")
         if journal_event is not None:
@@ -582,7 +589,8 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
     with locked(directory):
         paths = {}
         plan = _load(os.path.join(directory, "plan.json"))
-        lines = _journal_lines(directory)
+        read = rollout_journal.read_journal(directory)
+        lines = read["lines"]
         if step_end and _admitted_since_step(lines):
             marker = {"event": "rendered", "step": True, "time": time.time()}
             rollout_journal.append_in_lock(directory, marker)
@@ -593,11 +601,12 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
             decision = rollout_budget.decide(rollout_journal.fleet_state(plan, journal),
                                              rollout_budget.normalize_options(plan.get("options") or {}))
         report = build_report(plan, read_records(directory), generated_at, decision)
+        report["journal"] = journal_health(read)
         for name, filename in (("json", "rollout-report.json"), ("markdown", "rollout-report.md"),
                                ("html", "rollout-report.html"), ("junit", "rollout-report.junit.xml")):
             paths[name] = os.path.join(directory, filename)
         write_atomic(paths["json"], json.dumps(report, indent=1, sort_keys=True) + "\n")
-        write_atomic(paths["markdown"], render_markdown(report))
+        write_atomic(paths["markdown"], render_markdown(report) + journal_markdown(report["journal"]))
         write_atomic(paths["html"], rollout_html.render_html(report, lines, plan))
         write_atomic(paths["junit"], report_junit.rollout_junit(report))
         if prometheus_textfile.available():
@@ -606,12 +615,34 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
     return {"report": report, "paths": paths}
 
 
-def _journal_lines(directory: str) -> List[str]:
-    try:
-        with open(os.path.join(directory, rollout_journal.JOURNAL), "r", encoding="utf-8") as handle:
-            return handle.read().splitlines()
-    except (IOError, OSError):
-        return []
+def journal_health(read: Mapping[str, Any]) -> Dict[str, Any]:
+    """What the report says of the journal it was made from.
+
+    :param read: ``rollout_journal.read_journal``.
+    :returns: ``{"lost_lines": int, "lost": ["unreadable: journal.jsonl:<line>: <why>"] (the first
+        20), "summary": rollout_journal.lost_summary | None, "unreadable": str | None, "ambiguous":
+        [node]}``.
+    """
+    lost = list(read.get("lost") or [])
+    nodes = read.get("nodes") or {}
+    return {"lost_lines": len(lost), "lost": [str(e.get("text")) for e in lost[:20]],
+            "summary": rollout_journal.lost_summary(lost), "unreadable": read.get("unreadable"),
+            "ambiguous": sorted(n for n, s in nodes.items() if s.get("ambiguous"))}
+
+
+def journal_markdown(health: Mapping[str, Any]) -> str:
+    """The Markdown lines of :func:`journal_health` (``""`` when the journal was read whole)."""
+    if not health.get("lost_lines") and not health.get("unreadable"):
+        return ""
+    lines = ["", "## Journal", ""]
+    if health.get("unreadable"):
+        lines.append("- %s: the report was made without it" % md_cell(health["unreadable"]))
+    if health.get("summary"):
+        lines.append("- %s" % md_cell(health["summary"]))
+    if health.get("ambiguous"):
+        lines.append("- in flight, their last event lost (resumed by the next step): %s"
+                     % md_cell(", ".join(health["ambiguous"])))
+    return "\n".join(lines) + "\n"
 
 
 def _admitted_since_step(lines: List[str]) -> bool:

@@ -27,6 +27,7 @@ programs and reports (:data:`FLAGS`). Pure functions; Python 3.9 compatible.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version, versions_match
@@ -862,7 +863,8 @@ def rollout_snapshot(saved: Optional[Mapping[str, Any]], fresh: Mapping[str, Any
 
 
 def rollout_lock(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s: float = 21600,
-                 holder_alive: Optional[bool] = None, break_lock: bool = False) -> Dict[str, Any]:
+                 holder_alive: Optional[bool] = None, break_lock: bool = False,
+                 liveness: Optional[str] = None) -> Dict[str, Any]:
     """May this run take the node's rollout lock?
 
     The lock file (``<node_upgrade_state_dir>/lock.json``, ``/var/lib/gpufleet/rollout/lock.json``
@@ -884,8 +886,14 @@ def rollout_lock(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
     :param owner: this run: ``{"rollout_id", "run_id", "controller", "pid"}``.
     :param now: epoch seconds now.
     :param holder_alive: the holder's liveness when it could be checked (its process on this
-        controller, or its lease), else ``None``.
+        controller, or its lease: ``run_lease.probe_holder``), else ``None``: unknown (no pid, a pid
+        that is not one, no controller, no lease here, a lease of another run or from the future)
+        waits for ``stale_after_s`` like any unknown holder, never "gone".
+    :param liveness: how the holder's liveness was told (``probe_holder``'s reason), named in the
+        refusal or the takeover.
     :returns: ``{"ok": bool, "takeover": bool, "reasons", "flags", "lock": the content to write}``.
+        A lock's age is unknown when ``acquired_at`` is not a finite number or lies in the future
+        (the reason says so): such a lock is never stale, only broken.
     """
     new_lock = {
         "rollout_id": owner.get("rollout_id"),
@@ -912,29 +920,45 @@ def rollout_lock(lock: Any, owner: Mapping[str, Any], now: float, stale_after_s:
     if lock.get("run_id") and lock.get("run_id") == owner.get("run_id"):
         new_lock["acquired_at"] = lock.get("acquired_at", now)
         return result
-    age = None
-    try:
-        age = float(now) - float(lock.get("acquired_at"))
-    except (TypeError, ValueError):
-        age = None
+    age, age_note = _lock_age(lock.get("acquired_at"), now)
     holder = "rollout %s (run %s, controller %s, pid %s)" % (
         lock.get("rollout_id"), lock.get("run_id"), lock.get("controller"), lock.get("pid"))
     if lock.get("awx_job_id"):
         holder += " (AWX job %s)" % lock.get("awx_job_id")
+    told = " (%s)" % liveness if liveness else ""
     if holder_alive is False:
         result["takeover"] = True
-        _note(result, "lock_taken_over", "took over the lock of %s: that run is gone" % holder)
+        _note(result, "lock_taken_over", "took over the lock of %s: that run is gone%s" % (holder, told))
         return result
     # A holder known to run keeps its node however long it has held it (a drain that waits for
     # a job of days); the age only decides for a holder whose liveness cannot be seen.
     if break_lock or (holder_alive is None and stale_after_s and age is not None and age > float(stale_after_s)):
         result["takeover"] = True
-        _note(result, "lock_taken_over", "took over the lock of %s, %s" % (
-            holder, "broken on request" if break_lock else "stale after %d s" % int(age or 0)))
+        _note(result, "lock_taken_over", "took over the lock of %s, %s%s" % (
+            holder, "broken on request" if break_lock else "stale after %d s" % int(age or 0), told))
         return result
-    _fail(result, "locked", "node is locked by %s since %s s: another rollout is running on it" % (
-        holder, int(age) if age is not None else "?"))
+    if holder_alive is None:
+        _fail(result, "locked", "node is locked by %s since %s: the holder's liveness is unknown%s; it waits until "
+                                "the lock is %d s old (node_upgrade_lock_stale_s), or set node_upgrade_lock_break=true "
+                                "once you know that run is gone" % (
+                                    holder, "%d s" % int(age) if age is not None else age_note, told,
+                                    int(stale_after_s or 0)))
+        return result
+    _fail(result, "locked", "node is locked by %s since %s: another rollout is running on it%s" % (
+        holder, "%d s" % int(age) if age is not None else age_note, told))
     return result
+
+
+def _lock_age(acquired_at: Any, now: float) -> Any:
+    """``(age in seconds, None)``, or ``(None, why it is unknown)`` for a lock's ``acquired_at``."""
+    if isinstance(acquired_at, bool) or not isinstance(acquired_at, (int, float)):
+        return None, "an unknown time (acquired_at %r is not a number)" % (acquired_at,)
+    if not math.isfinite(float(acquired_at)):
+        return None, "an unknown time (acquired_at %r)" % (acquired_at,)
+    age = float(now) - float(acquired_at)
+    if age < -60:
+        return None, "an unknown time (acquired_at lies %d s in the future: clock skew?)" % int(-age)
+    return max(0.0, age), None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ def test_a_node_drained_by_someone_else_is_not_ours_and_is_refused_unless_allowe
     decision = node_preflight.decide(facts(), RESOLVED, state, LOCK_OK, drain["sched"], dict(OPTIONS, drain="slurm"))
     assert decision["preflight"]["action"] == "refuse"
     assert decision["preflight"]["flags"] == ["drained_by_others"]
-    assert "drained in slurm before the rollout (bad_dimm)" in decision["preflight"]["reasons"][0]
+    assert "drained in slurm before the rollout (bad_dimm, ops@t): its state is unknown" in \
+        decision["preflight"]["reasons"][0]
     allowed = node_preflight.decide(facts(), RESOLVED, state, LOCK_OK, drain["sched"],
                                     dict(OPTIONS, drain="slurm", allow_drained=True))
     assert allowed["preflight"]["action"] == "upgrade" and allowed["target"] == NEW
@@ -137,8 +138,11 @@ def test_action_reads_once_resolves_with_the_facts_it_read_and_decides():
     assert "version" not in resolve_args and "today" not in resolve_args  # "" means not given
     assert result["ansible_facts"]["ansible_kernel"] == "6.1.0-25-amd64"
     assert result["ansible_facts"]["nvidia"]["driver"]["loaded_version"] == OLD
-    # The holder ran on another controller and names no lease: unknown, younger than stale → refused.
-    assert result["probe"] == {"alive": None, "reason": "the holder ran on another controller and names no lease"}
+    # The holder ran on another controller and this run has no lease directory: unknown, younger
+    # than stale → refused, saying why.
+    assert result["probe"] == {"alive": None, "reason": "the holder ran on controller ctl-gone and this run keeps no "
+                                                        "lease directory to look in: its liveness is unknown"}
+    assert "the holder's liveness is unknown (the holder ran on controller ctl-gone" in result["lock"]["reasons"][0]
     assert result["lock"]["ok"] is False
     assert result["decision"]["preflight"]["action"] == "refuse"
     assert "_ansible_no_log" not in result["resolve"]
@@ -309,3 +313,21 @@ def test_an_upgrade_gets_another_rollouts_snapshot_without_its_evidence_and_a_ro
     answers["gpufleet.nvidia.node_lock"] = files(snapshot=other)
     plugin, _calls = action(dict(ARGS), answers)
     assert plugin.run(task_vars={"ansible_facts": {}})["state"]["saved_snapshot"]["facts"]["driver"]["loaded_version"] == OLD
+
+
+def test_case_41_a_node_slurm_drained_for_its_gpu_count_is_refused_as_a_gpu_fault():
+    line = ("NodeName=yigou-dev-102-68 Gres=gpu:nvidia-rtx-3090:1 State=IDLE+DRAIN Partitions=compute100 "
+            "CfgTRES=cpu=8,mem=1M,billing=8,gres/gpu=1 "
+            "Reason=gres/gpu count reported lower than configured (0 < 1) [slurm@2024-12-19T11:03:34]")
+    drain = node_preflight.scheduler("slurm", line, {}, "yigou-dev-102-68")
+    assert drain["sched"]["drain_kind"] == "gpu_count" and drain["drain_owned"] is False
+    decision = node_preflight.decide(facts(), RESOLVED, node_preflight.parse_state_files(files()), LOCK_OK,
+                                     drain["sched"], dict(OPTIONS, drain="slurm"))
+    assert decision["preflight"]["action"] == "refuse"
+    assert decision["preflight"]["flags"] == ["drained_by_others", "gpu_count_drain"]
+    assert decision["preflight"]["reasons"][0].startswith(
+        "drained in slurm before the rollout (drained by Slurm itself: Slurm sees 0 of 1 configured GPUs (gres/gpu "
+        "count reported lower than configured (0 < 1), slurm@2024-12-19T11:03:34): a GPU or driver fault, not a "
+        "maintenance hold;")
+    with pytest.raises(ValueError, match="answered for node 'yigou-dev-102-68', not for 'node02'"):
+        node_preflight.scheduler("slurm", line, {}, "node02")

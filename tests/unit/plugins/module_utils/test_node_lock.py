@@ -37,35 +37,40 @@ def test_valid_lock_is_parsed_with_its_identity(tmp_path):
 
 def test_corrupt_files_say_why_and_are_never_an_exception(tmp_path):
     cases = {
-        b'{"rollout_id": "x", "run_id"': "is not JSON",
-        b"[1, 2]": "holds a JSON list, not an object",
-        b'"text"': "holds a JSON str, not an object",
-        b"\xff\xfe\x00garbage": "is not UTF-8 text",
-        b"": "is not JSON",
-        b"{" + b" " * node_lock.MAX_STATE_BYTES + b"}": "is larger than %d bytes" % node_lock.MAX_STATE_BYTES,
+        b'{"rollout_id": "x", "run_id"': ": not JSON (Expecting ':' delimiter",
+        b"[1, 2]": ": holds a JSON array, not object",
+        b'"text"': ": holds a JSON string, not object",
+        b"\xff\xfe\x00garbage": ": not UTF-8 text (byte 0)",
+        b"": ": not JSON (Expecting value",
+        b'{"acquired_at": NaN}': ": holds NaN, not a number JSON allows",
+        b'{"acquired_at": 1e999}': ": holds 1e999, a number too large for a float",
+        b"[" * 100 + b"]" * 100: ": JSON nested deeper than 64 levels",
+        b"[" * 100000 + b"]" * 100000: ": JSON nested deeper than 64 levels",
+        b"{" + b" " * node_lock.MAX_STATE_BYTES + b"}": ": larger than %d bytes" % node_lock.MAX_STATE_BYTES,
     }
     for raw, words in cases.items():
         path = tmp_path / "lock.json"
         path.write_bytes(raw)
         state = node_lock.read_state(str(path))
         assert state["exists"] is True and state["content"] is None, raw[:20]
-        assert words in state["unreadable"] and str(path) in state["unreadable"], (raw[:20], state)
+        assert state["unreadable"].startswith("unreadable: %s: " % path) and words in state["unreadable"], (
+            raw[:20], state)
         assert state["identity"] is not None
 
 
 def test_directory_link_and_fifo_are_not_read(tmp_path):
     directory = tmp_path / "as-dir"
     directory.mkdir()
-    assert "is a directory" in node_lock.read_state(str(directory))["unreadable"]
+    assert node_lock.read_state(str(directory))["unreadable"] == "unreadable: %s: a directory" % directory
     secret = tmp_path / "secret"
     secret.write_text('{"run_id": "from a link"}')
     link = tmp_path / "link.json"
     link.symlink_to(secret)
     state = node_lock.read_state(str(link))
-    assert state["content"] is None and "is a symbolic link" in state["unreadable"]
+    assert state["content"] is None and state["unreadable"] == "unreadable: %s: a symbolic link, not the file itself" % link
     fifo = tmp_path / "fifo.json"
     os.mkfifo(str(fifo))
-    assert "is not a regular file" in node_lock.read_state(str(fifo))["unreadable"]  # and it did not block
+    assert node_lock.read_state(str(fifo))["unreadable"] == "unreadable: %s: not a regular file" % fifo  # no block
 
 
 def test_acquire_a_free_lock_then_a_second_taker_is_refused_naming_the_holder(tmp_path):
@@ -138,12 +143,12 @@ def test_several_state_files_at_once_each_by_name(tmp_path):
                                    "drain": str(secret)})
     assert sorted(files) == ["drain", "driver", "flag", "lock", "snapshot"]
     assert files["lock"]["content"]["pid"] == 22 and files["lock"]["identity"].startswith("sha256:")
-    assert files["flag"]["content"] is None and files["flag"]["unreadable"].startswith(str(tmp_path / "flag.fact")
-                                                                                       + " is not JSON")
-    assert files["snapshot"]["unreadable"] == "%s is a directory" % (tmp_path / "snapshot.json")
+    assert files["flag"]["content"] is None and files["flag"]["unreadable"].startswith(
+        "unreadable: %s: not JSON" % (tmp_path / "flag.fact"))
+    assert files["snapshot"]["unreadable"] == "unreadable: %s: a directory" % (tmp_path / "snapshot.json")
     assert files["driver"] == {"exists": False, "content": None, "unreadable": None, "identity": None}
     if os.geteuid() != 0:  # root reads a mode-0 file
-        assert files["drain"]["unreadable"] == "%s cannot be read (Permission denied)" % secret
+        assert files["drain"]["unreadable"] == "unreadable: %s: cannot be opened (Permission denied)" % secret
 
 
 def test_boot_id_is_read_and_a_missing_one_is_none(tmp_path):

@@ -24,7 +24,8 @@ def test_files_are_returned_by_name_with_the_boot_id(tmp_path, capsys):
     assert code == 0 and result["changed"] is False
     assert result["files"]["lock"]["content"]["run_id"] == "ctl-1-1"
     assert result["files"]["flag"]["content"] is None
-    assert result["files"]["flag"]["unreadable"].startswith("%s is not JSON" % (tmp_path / "gpufleet_rollout.fact"))
+    assert result["files"]["flag"]["unreadable"].startswith(
+        "unreadable: %s: not JSON" % (tmp_path / "gpufleet_rollout.fact"))
     assert result["files"]["snapshot"]["exists"] is False
     # Linux's boot id: a UUID of 36 characters, the same as the kernel gives now.
     with open("/proc/sys/kernel/random/boot_id") as handle:

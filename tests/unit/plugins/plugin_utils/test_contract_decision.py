@@ -188,3 +188,43 @@ def test_a_snapshot_with_its_trace_is_read_back_whole(tmp_path, monkeypatch):
     assert path.stat().st_size < node_lock.MAX_STATE_BYTES // 4
     state = node_lock.read_state(str(path))
     assert state["unreadable"] is None and state["content"]["trace"]["summary"]["0000:18:00.0"]["samples"] == 7
+
+
+@pytest.mark.parametrize("pattern", ["*", "*_*", "*e*", "?*", "unreadable_*", cd.UNREADABLE, "[u]*"])
+def test_no_accept_pattern_accepts_an_unreadable_record(pattern):
+    for changes in ("corrupt", [{"no": "field"}], [cd.unreadable("the record")],
+                    [{"field": cd.UNREADABLE, "decision": "accepted"}]):
+        resolved = cd.resolve(changes, [pattern])
+        assert [c["decision"] for c in resolved] == ["unexplained"], (pattern, changes)
+        assert resolved[0]["field"] == cd.UNREADABLE
+
+
+def test_held_only_for_a_policy_field_and_now_known_only_with_its_evidence():
+    record = [{"field": "memory_reserved_mib", "decision": "held", "text": "reserved memory 480 → 544 MiB"},
+              {"field": "power_enforced_limit_w", "decision": "held", "text": "power limit 700 → 650 W"},
+              {"field": "compute_mode", "decision": "held", "text": "compute mode"},
+              {"field": "max_sm_clock_mhz", "decision": "now_known", "text": "max SM clock ? → 1980 MHz"},
+              {"field": "max_sm_clock_mhz", "decision": "now_known", "before": None, "text": "max SM clock"},
+              {"field": "max_sm_clock_mhz", "decision": "now_known", "before": 1410, "text": "max SM clock"}]
+    assert [c["decision"] for c in cd.checked_changes(record)] == [
+        "open", "held", "held", "open", "now_known", "open"]
+    # With the node's declared policy known, held is believed only for its fields.
+    declared = cd.held_fields({"gpu_policy_power_limit_w": 650})
+    assert [c["decision"] for c in cd.checked_changes(record, declared)][:3] == ["open", "held", "open"]
+
+
+def test_nan_is_unknown_not_a_change():
+    nan = float("nan")
+    entries = [{"scope": "gpu", "field": "max_sm_clock_mhz", "label": "max SM clock", "unit": "MHz", "before": nan,
+                "after": nan, "kind": "changed", "gpus": [0]},
+               {"scope": "gpu", "field": "max_mem_clock_mhz", "label": "max memory clock", "unit": "MHz",
+                "before": nan, "after": 2619, "kind": "changed", "gpus": [0]},
+               {"scope": "gpu", "field": "max_graphics_clock_mhz", "label": "max graphics clock", "unit": "MHz",
+                "before": 1980, "after": nan, "kind": "changed", "gpus": [0]},
+               {"scope": "gpu", "field": "gpu_removed", "label": "GPU gone", "unit": None, "before": None,
+                "after": None, "kind": "gpu_removed", "gpus": [3], "count": 1}]
+    changes = cd.classify(entries)
+    assert [(c["field"], c["decision"]) for c in changes] == [
+        ("max_mem_clock_mhz", "now_known"), ("max_graphics_clock_mhz", "open"), ("gpu_removed", "open")]
+    assert changes[0]["before"] is None
+    assert [c["decision"] for c in cd.resolve(changes, [])] == ["now_known", "unexplained", "unexplained"]

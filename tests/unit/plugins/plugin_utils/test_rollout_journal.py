@@ -25,7 +25,16 @@ def test_fold_resumes_in_flight_and_skips_a_cut_line(tmp_path):
     assert state["n1"]["status"] == "failed" and state["n1"]["signature"] == "xid 79"
     assert state["n1"]["finished_at"] == 4.0
     assert state["n2"]["status"] == "in_flight"
-    assert "n3" not in state
+    # The cut line named n3: whether it started is unknown, so it is in flight and flagged.
+    assert state["n3"]["status"] == "in_flight"
+    assert state["n3"]["ambiguous"].startswith("unreadable: journal.jsonl:5: cut short at the end of the file")
+    # The next event is a line of its own: the cut line is ended first, and only it is lost.
+    rollout_journal.append(directory, {"event": "finished", "node": "n2", "status": "done", "time": 5.0})
+    read = rollout_journal.read_journal(directory)
+    assert read["nodes"]["n2"]["status"] == "done" and read["nodes"]["n2"]["finished_at"] == 5.0
+    assert [entry["line"] for entry in read["lost"]] == [5] and read["cut_tail"] is False
+    assert rollout_journal.lost_summary(read["lost"]).startswith(
+        "1 line of journal.jsonl cannot be read (line 5): unreadable: journal.jsonl:5: not JSON")
     assert rollout_journal.status_of("skipped") == "done" and rollout_journal.status_of("flagged") == "failed"
 
 

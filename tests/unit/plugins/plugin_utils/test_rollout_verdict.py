@@ -531,3 +531,29 @@ def test_benchmark_runs_refuse_what_is_not_a_number():
     with pytest.raises(ValueError):
         benchmark_verdict([1.0, float("nan")], 1.0)
     assert benchmark_verdict([], 1.0)["ok"] is None
+
+
+def test_an_unknown_holder_waits_for_lock_stale_s_and_the_reason_says_why():
+    other = {"rollout_id": "other", "run_id": "ctl-9-9", "controller": "ctl"}
+    why = "the lock names no pid on this controller: the holder's liveness is unknown"
+    young = rollout_lock(dict(other, acquired_at=1000.0), OWNER, 2000.0, 21600, None, False, why)
+    assert young["ok"] is False and young["takeover"] is False and young["flags"] == ["locked"]
+    assert young["reasons"] == [
+        "node is locked by rollout other (run ctl-9-9, controller ctl, pid None) since 1000 s: the holder's liveness "
+        "is unknown (%s); it waits until the lock is 21600 s old (node_upgrade_lock_stale_s), or set "
+        "node_upgrade_lock_break=true once you know that run is gone" % why]
+    old = rollout_lock(dict(other, acquired_at=1000.0), OWNER, 30000.0, 21600, None, False, why)
+    assert old["takeover"] is True and old["notes"][0].endswith("stale after 29000 s (%s)" % why)
+
+
+@pytest.mark.parametrize("acquired_at, said", [
+    (float("nan"), "since an unknown time (acquired_at nan)"),
+    (float("inf"), "since an unknown time (acquired_at inf)"),
+    ("yesterday", "since an unknown time (acquired_at 'yesterday' is not a number)"),
+    (99999.0, "since an unknown time (acquired_at lies 98999 s in the future: clock skew?)"),
+])
+def test_a_lock_of_unknown_age_is_never_stale_only_broken(acquired_at, said):
+    lock = {"rollout_id": "other", "run_id": "ctl-9-9", "controller": "ctl", "pid": 9, "acquired_at": acquired_at}
+    refused = rollout_lock(lock, OWNER, 1000.0, stale_after_s=1)
+    assert refused["ok"] is False and refused["takeover"] is False and said in refused["reasons"][0]
+    assert rollout_lock(lock, OWNER, 1000.0, stale_after_s=1, break_lock=True)["takeover"] is True

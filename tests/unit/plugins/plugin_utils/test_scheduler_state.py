@@ -5,12 +5,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import time
 
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.scheduler_state import (
     MAX_HOSTLIST,
+    describe_drain,
     drain_state,
     drained_by_others,
     expand_hostlist,
@@ -59,7 +62,8 @@ def test_not_a_node_line_is_an_error():
 def test_drain_state_per_backend_and_who_drained():
     assert drain_state("slurm", DRAINED_BY_OPERATOR)["out_of_service"] is True
     expected = {"backend": "kubernetes", "known": True, "out_of_service": True, "draining": False, "reason": "cordoned",
-                "state": "cordoned"}
+                "reason_by": None, "state": "cordoned", "drain_kind": "operator", "gpu_count": None,
+                "resume_blocked": False}
     assert drain_state("kubernetes", "true\n") == expected
     assert drain_state("kubernetes", "")["out_of_service"] is False
     assert drain_state("command", None)["known"] is False and drain_state("none", "")["out_of_service"] is None
@@ -114,3 +118,70 @@ def test_drain_estimates_take_the_longest_job_and_skip_unlimited_ones():
             "node[04|1:00\n"             # not a hostlist: skipped
             "garbage\n")
     assert slurm_drain_estimates(text) == {"node01": 3600.0, "node02": 7200.0}
+
+
+CASE_41 = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "cases",
+                       "41-slurm-drained-by-slurm-gres-gpu-count-lower")
+
+
+def _case_41(name):
+    with open(os.path.join(CASE_41, name), "r", encoding="utf-8") as handle:
+        return handle.read()
+
+
+def test_case_41_slurm_drained_the_node_itself_for_its_gpu_count():
+    text = _case_41("input-scontrol-show-node.txt")
+    one_line = " ".join(line.strip() for line in text.splitlines() if line.strip())   # as -o prints it
+    for answer in (text, one_line):
+        node = parse_slurm_show_node(answer, "yigou-dev-102-68")
+        assert node["name"] == "yigou-dev-102-68" and node["state"] == "IDLE" and node["flags"] == ["DRAIN"]
+        assert node["drained"] is True and node["draining"] is False and node["out_of_service"] is True
+        assert node["reason"] == "gres/gpu count reported lower than configured (0 < 1)"
+        assert node["reason_by"] == "slurm@2024-12-19T11:03:34"
+        assert (node["reason_user"], node["reason_time"]) == ("slurm", "2024-12-19T11:03:34")
+        assert node["gres"] == "gpu:nvidia-rtx-3090:1" and node["gpus_configured"] == 1
+        assert node["partitions"] == ["compute100"]
+        assert node["drain_kind"] == "gpu_count" and node["gpu_count"] == {"reported": 0, "configured": 1}
+    sched = drain_state("slurm", one_line, "yigou-dev-102-68")
+    assert sched["drain_kind"] == "gpu_count" and sched["resume_blocked"] is True and sched["state"] == "IDLE+DRAIN"
+    assert describe_drain(sched).startswith(
+        "drained by Slurm itself: Slurm sees 0 of 1 configured GPUs (gres/gpu count reported lower than configured "
+        "(0 < 1), slurm@2024-12-19T11:03:34): a GPU or driver fault, not a maintenance hold")
+    # The description's 8-GPU node, the same reason.
+    reason = _case_41("input-195-description.txt").strip()
+    eight = parse_slurm_show_node("NodeName=ip-10-1-2-3 State=IDLE+DRAIN CfgTRES=cpu=96,gres/gpu=8 %s [slurm@2024-03-09T10:00:00]" % reason)
+    assert eight["gpu_count"] == {"reported": 0, "configured": 8} and eight["gpus_configured"] == 8
+
+
+def test_the_same_reason_set_by_a_person_is_an_operator_hold_and_other_slurm_reasons_are_the_schedulers():
+    by_alice = parse_slurm_show_node(IDLE.replace("State=IDLE", "State=IDLE+DRAIN")
+                                     + " Reason=gres/gpu count reported lower than configured (0 < 8) [alice@t]")
+    assert by_alice["drain_kind"] == "operator" and by_alice["gpu_count"] is None
+    assert parse_slurm_show_node(DRAINED_BY_OPERATOR)["drain_kind"] == "operator"
+    down = parse_slurm_show_node(IDLE.replace("State=IDLE", "State=DOWN") + " Reason=Not responding [slurm@t]")
+    assert down["drain_kind"] == "scheduler"
+    assert parse_slurm_show_node(IDLE)["drain_kind"] is None
+
+
+def test_an_answer_for_another_node_is_refused_and_fields_after_the_reason_are_not_the_reason():
+    with pytest.raises(ValueError, match="answered for node 'node01', not for 'node02', the node asked for"):
+        parse_slurm_show_node(IDLE, "node02")
+    node = parse_slurm_show_node(DRAINED_BY_OPERATOR.replace(" [alice@2026-11-30T08:00:00]", "")
+                                 + " Comment=rack4 ResumeAfterTime=None")
+    assert node["reason"] == "bad DIMM, ticket 4711" and node["reason_by"] is None
+    # A reason that holds "State=IDLE" after its stamp does not change the node's state.
+    hostile = parse_slurm_show_node(DRAINED_BY_OPERATOR + " State=IDLE")
+    assert hostile["state"] == "IDLE" and hostile["flags"] == ["DRAIN"] and hostile["out_of_service"] is True
+    own_text = parse_slurm_show_node(IDLE.replace("State=IDLE", "State=IDLE+DRAIN") + " Reason=see a=b in the log")
+    assert own_text["reason"] == "see a=b in the log"
+
+
+def test_two_bracket_groups_are_counted_before_they_are_built():
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="names more than 100000 nodes"):
+        expand_hostlist("gpu[0-99999][0-99999]")
+    with pytest.raises(ValueError, match="names more than 100000 nodes"):
+        slurm_drain_estimates("x") or expand_hostlist("a[1-400]b[1-400]")
+    assert time.monotonic() - started < 1.0
+    assert slurm_drain_estimates("gpu[0-99999][0-99999]|1:00:00\ngpu01|2:00\n") == {"gpu01": 120.0}
+    assert len(expand_hostlist("a[1-300]b[1-300]")) == 90000
