@@ -81,7 +81,7 @@ options:
   run_id:
     description:
       - The lock holder's run id, for O(state=probe) when the holder ran on another controller (the next AWX job's
-        container is another host): its lease is C(<report_dir>/runs/<run_id>.lease) under this rollout's own
+        container is another host); its lease is C(<report_dir>/runs/<run_id>.lease) under this rollout's own
         O(report_dir), never a path the node's lock names. Renewed within 300 s, the holder runs; older, it is gone;
         absent, unreadable, of another run or modified in the future, unknown.
     type: str

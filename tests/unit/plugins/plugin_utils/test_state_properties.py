@@ -20,10 +20,7 @@ import tempfile
 import time
 
 import pytest
-
-hypothesis = pytest.importorskip("hypothesis")
-
-from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import state_file  # noqa: E402
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import contract_decision as cd  # noqa: E402
