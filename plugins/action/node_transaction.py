@@ -200,8 +200,8 @@ class ActionModule(NodeAction):
             "rollout_id": args["rollout_id"], "run_id": args["run_id"], "stage": args["stage"],
             "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "boot_id": snap.get("boot_id"), "facts": state["facts"], "local_facts": snap.get("local_facts") or {},
-            "target": args["target"], "benchmark": None, "benchmark_runs": self._benchmark_runs(args, traced, task_vars,
-                                                                                                  warnings),
+            "target": args["target"], "benchmark": None,
+            "benchmark_runs": self._benchmark_runs(args, traced, task_vars, warnings),
             "trace": {"csv": traced["csv"], "summary": traced.get("summary")} if traced and "csv" in traced else None,
         }
         if fresh["benchmark_runs"]:

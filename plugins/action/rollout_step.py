@@ -19,7 +19,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import state_file
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import node_states, rollout_budget, rollout_journal, rollout_report
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import scheduler_state
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import run_alive
@@ -370,6 +370,8 @@ class ActionModule(ControllerAction):
             nodes = with_estimates(rollout_journal.fleet_state(plan, found["nodes"]), ends, now)
             decision, hosts = choose_hosts(nodes, options, limit)
             result["drain_estimates"] = len(ends)
+            # Every node's state in one place (plugin_utils.node_states), as the journal tells it.
+            result["node_states"] = node_states.count_states(found["nodes"], [n["name"] for n in nodes])
             # A stopped rollout's step takes its nodes in flight (to release or finish them); when
             # they fill the step, the next step takes the rest.
             result["limit"] = limit

@@ -28,7 +28,7 @@ Pure functions; standard library only; runs on managed nodes.
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log, node_signals, nvswitch_log
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import normalize_pci_bus_id

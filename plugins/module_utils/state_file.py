@@ -283,16 +283,16 @@ def read_lines(raw: bytes, where: str, max_line_bytes: int = MAX_LINE_BYTES) -> 
             events.append((number, loads(line, where, number, dict, max_line_bytes)))
             continue
         except Unreadable as exc:
-            error = exc
+            error = exc  # type: Unreadable
         start, tail = _recover(line, where, number, max_line_bytes)
         if tail is not None:
             events.append((number, tail))
             recovered.append(number)
             why = "cut short, followed by a whole event on the same line (that event kept)"
         else:
-            why = error.why
+            why = error.why  # pylint: disable=used-before-assignment
         if number == len(lines) and cut and tail is None:
-            why = "cut short at the end of the file (%s)" % error.why
+            why = "cut short at the end of the file (%s)" % error.why  # pylint: disable=used-before-assignment
         entry = {"line": number, "why": why, "text": Unreadable(where, why, number).text()}
         node = _named_node(line[:start])
         if node is not None:

@@ -127,7 +127,7 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
         ``text``, ``node`` when the damaged line names one).
     :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
         "finished_at", "result", "changed", "signature", "implicates_driver", "target",
-        "run_id", "draining"?, "drained"?, "pending"?, "contract_changes"?, "journal_lost"?:
+        "run_id", "draining"?, "drained"?, "pending"?, "held"? (its soak runs), "contract_changes"?, "journal_lost"?:
         [text], "ambiguous"?: text}}``; nodes the journal never named are absent (not started);
         ``pending`` is true for a node in flight that waits for its scheduler's reboot. A node a
         lost line names after its last readable event is ``in_flight`` with ``ambiguous`` (that
@@ -151,6 +151,7 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
             state.pop(event["node"], None)
         elif kind == "held":
             node["status"] = "in_flight"
+            node["held"] = True
             node.pop("draining", None)
             node.pop("drained", None)
             if "contract_changes" in event:
@@ -175,6 +176,7 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
             node.pop("draining", None)
             node.pop("drained", None)
             node.pop("pending", None)
+            node.pop("held", None)
             node["finished_at"] = event.get("time")
     for entry in lost:
         name = entry.get("node")

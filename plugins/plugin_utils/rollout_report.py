@@ -53,6 +53,7 @@ def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
     state_file.private_dir(os.path.dirname(os.path.abspath(path)))
     state_file.write_atomic(path, text, mode)
 
+
 RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed")
 STOPPING = ("rolled_back", "flagged", "refused", "failed", "unreachable", "interrupted")
 _DONE = ("upgraded", "skipped")
@@ -337,7 +338,8 @@ Hardware contract, decided by each class's golden node:
 | node | stage | result | before | after | target | time | reason |
 |---|---|---|---|---|---|---:|---|
 {% for n in r.nodes %}
-| {{ n.node | md }} | {{ n.stage | md }} | {{ n.result | md }} | {{ n.before | md }} | {{ n.after | md }} | {{ n.target | md }} | {{ n.time | md }} | {{ n.reason | md }} |
+| {{ n.node | md }} | {{ n.stage | md }} | {{ n.result | md }} | {{ n.before | md }} | {# -#}
+{{ n.after | md }} | {{ n.target | md }} | {{ n.time | md }} | {{ n.reason | md }} |
 {% endfor %}
 {% if r.quarantined %}
 

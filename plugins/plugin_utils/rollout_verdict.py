@@ -355,7 +355,7 @@ def benchmark_runs(value: Any) -> List[float]:
         if isinstance(item, bool) or isinstance(item, (list, tuple, dict)):
             raise ValueError("a benchmark result must be a number, got %r" % (item,))
         number = float(item)
-        if number != number or number in (float("inf"), float("-inf")):
+        if math.isnan(number) or math.isinf(number):
             raise ValueError("a benchmark result must be finite, got %r" % (item,))
         runs.append(number)
     return runs
@@ -413,8 +413,8 @@ def benchmark_verdict(before: Any, after: Any, threshold: Optional[float] = None
     spread = _spread(before_runs)
     if threshold is None:
         tolerance = max(BENCHMARK_MIN_DROP, BENCHMARK_SPREADS * (spread or 0.0))
-        rule = "max(%.0f %%, %.0f x spread %s)" % (BENCHMARK_MIN_DROP * 100, BENCHMARK_SPREADS,
-                                                    "%.2f %%" % (spread * 100) if spread is not None else "unknown")
+        spread_text = "%.2f %%" % (spread * 100) if spread is not None else "unknown"
+        rule = "max(%.0f %%, %.0f x spread %s)" % (BENCHMARK_MIN_DROP * 100, BENCHMARK_SPREADS, spread_text)
     else:
         tolerance = 1 - float(threshold)
         rule = "threshold %.1f %%" % (float(threshold) * 100)

@@ -21,8 +21,14 @@ own slot), every node first on the baseline driver 580.126.20. Then, in order:
 * ``rollback.yml`` over node02 and node03 returns node03 (the rollout drained it) to service and
   leaves node02 (the operator's) drained with its reason;
 * ``node_upgrade_drain: slurm_reboot`` on node03 while a job runs there: the run stages the driver,
-  asks Slurm for the reboot and ends while the job still runs; the job ends, Slurm reboots
-  node03 and resumes it; the next run of the same rollout verifies it (upgraded).
+  asks Slurm for the reboot (``nextstate=DOWN``) and ends while the job still runs; the job ends,
+  Slurm reboots node03 and leaves it DOWN: a job queued for node03 does not start; the next run of
+  the same rollout verifies node03 and only then resumes it (upgraded), and the queued job starts
+  after the verification (field case 40);
+* ``slurm_reboot`` on node02 (the operator's drain lifted) whose GPU is lost at the next boot:
+  Slurm reboots it, it stays DOWN, the next run fails its verification and rolls it back; it
+  stays drained and flagged, the job queued for it never starts there, and a job free to run
+  anywhere runs on another node.
 """
 
 from __future__ import annotations
@@ -204,7 +210,8 @@ def test_a_node_an_operator_drained_stays_drained_with_its_reason(slurm_rollouts
     assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
     record = rollouts.record("slurm-a", "node02")
     assert record["result"] == "refused" and "drained_by_others" in record["flags"], record
-    assert "drained in slurm before the rollout (%s)" % OPERATOR_REASON in record["reason"], record["reason"]
+    # The reason names who drained it and when (Slurm's [user@time] stamp), as scontrol shows it.
+    assert "drained in slurm before the rollout (%s, root@" % OPERATOR_REASON in record["reason"], record["reason"]
     assert record["drain"]["owned"] is False and record["drain"]["reason_before"] == OPERATOR_REASON
     node02 = rollouts.slurm_node("node02")
     assert node02["state"] == "IDLE+DRAIN" and node02["reason"] == OPERATOR_REASON, node02
@@ -256,6 +263,10 @@ def wait_for_state(rollouts, node, state, timeout=30):
     return seen
 
 
+def _base_state(rollouts, node):
+    return rollouts.slurm_node(node)["state"].split("+", 1)[0]
+
+
 def test_slurm_reboot_upgrades_a_busy_node_after_its_job_without_the_controller_waiting(slurm_rollouts, first_rollout):
     """``node_upgrade_drain: slurm_reboot`` on node03 (on the baseline again, IDLE) while a job runs on it."""
     rollouts = slurm_rollouts
@@ -275,16 +286,21 @@ def test_slurm_reboot_upgrades_a_busy_node_after_its_job_without_the_controller_
     node03 = rollouts.slurm_node("node03")
     assert node03["drain"] and "REBOOT_REQUESTED" in node03["flags"], node03
     assert node03["reason"] == "gpufleet slurm-r: driver rollout", node03
-    # Slurm reboots the node once the job has ended and returns it to service (nextstate=RESUME).
+    # Slurm reboots the node once the job has ended and leaves it DOWN (nextstate=DOWN): not in service.
     release(rollouts, "node03", "/root/go-r")
     wait_for(lambda: rollouts.job_state(job) == "", JOB_S + 120, "job %s to end" % job)
     wait_for(lambda: rollouts.fleet.boot_id("node03") not in (None, before_boot), 300, "node03's reboot by Slurm")
-    wait_for_state(rollouts, "node03", "IDLE", timeout=300)
     wait_for(lambda: rollouts.fleet.run("node03", ["true"]).returncode == 0, 120, "node03's sshd after its reboot")
+    wait_for(lambda: _base_state(rollouts, "node03") == "DOWN", 300, "node03 DOWN in Slurm after its reboot")
     with open(os.path.join(rollouts.fleet.root_of("node03"), "root", "job-end-r")) as handle:
         job_end = float(handle.read().strip())
     assert float(record["finished_epoch"]) < job_end
-    # The next run verifies it.
+    # A job queued for node03 now waits: nothing runs on the new driver before it is verified.
+    queued = rollouts.sbatch("node03", "date +%s.%N > /root/job-start-q")
+    time.sleep(10)
+    assert rollouts.job_state(queued) == "PENDING"
+    assert _base_state(rollouts, "node03") == "DOWN"
+    # The next run verifies it, then resumes it.
     code, log = rollouts.rollout("slurm-r", "node03", "-e", "node_upgrade_drain=slurm_reboot")
     assert code == 0, log[-4000:]
     record = rollouts.record("slurm-r", "node03")
@@ -294,7 +310,51 @@ def test_slurm_reboot_upgrades_a_busy_node_after_its_job_without_the_controller_
     assert rollouts.started("slurm-r") == {"node03": 1}
     assert rollouts.report("slurm-r")["status"] == "completed"
     assert_on(rollouts, "node03", TARGET)
-    node03 = rollouts.slurm_node("node03")
-    assert node03["state"] == "IDLE" and node03["reason"] is None, node03
+    wait_for(lambda: rollouts.job_state(queued) == "", 120, "the queued job %s to run on node03" % queued)
+    with open(os.path.join(rollouts.fleet.root_of("node03"), "root", "job-start-q")) as handle:
+        queued_start = float(handle.read().strip())
+    assert queued_start > float(record["marks"]["verified"]), (queued_start, record["marks"])
+    node03 = wait_for_state(rollouts, "node03", "IDLE", timeout=60)
+    assert node03["reason"] is None, node03
     assert rollouts.fleet.run("node03", "test -e /var/lib/gpufleet/rollout/drain.json").returncode == 1
     assert not rollouts.lock_exists("node03")
+
+
+def test_slurm_reboot_into_a_failing_driver_never_takes_a_job(slurm_rollouts, first_rollout):
+    """node02 (on the baseline; the operator's drain lifted) loses a GPU at the boot Slurm runs."""
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    rollouts.fleet.slurm(["scontrol", "update", "NodeName=node02", "State=RESUME"], check=True)
+    wait_for_state(rollouts, "node02", "IDLE", timeout=60)
+    assert_on(rollouts, "node02", BASELINE)
+    rollouts.fleet.fault("node02", "gpu_lost", gpu="0")
+    before_boot = rollouts.fleet.boot_id("node02")
+    code, log = rollouts.rollout("slurm-f", "node02", "-e", "node_upgrade_drain=slurm_reboot")
+    assert code == 0, log[-4000:]
+    assert rollouts.record("slurm-f", "node02")["result"] == "pending"
+    wait_for(lambda: rollouts.fleet.boot_id("node02") not in (None, before_boot), 300, "node02's reboot by Slurm")
+    wait_for(lambda: rollouts.fleet.run("node02", ["true"]).returncode == 0, 120, "node02's sshd after its reboot")
+    wait_for(lambda: _base_state(rollouts, "node02") == "DOWN", 300, "node02 DOWN in Slurm after its reboot")
+    pinned = rollouts.sbatch("node02", "hostname > /root/job-pinned")
+    time.sleep(5)
+    assert rollouts.job_state(pinned) == "PENDING"
+    # The next run finds a GPU missing: not verified, rolled back, left drained and flagged.
+    code, log = rollouts.rollout("slurm-f", "node02", "-e", "node_upgrade_drain=slurm_reboot")
+    assert code == 2, log[-4000:]
+    record = rollouts.record("slurm-f", "node02")
+    assert record["result"] == "rolled_back" and "gpu_count_changed" in record["flags"], record
+    assert rollouts.flag("node02")["rollout_id"] == "slurm-f"
+    node02 = rollouts.slurm_node("node02")
+    assert node02["drain"] or _base_state(rollouts, "node02") == "DOWN", node02
+    assert node02["reason"] == "gpufleet slurm-f: driver rollout", node02
+    # The pinned job never ran on node02; a job free to run on any node runs elsewhere.
+    assert rollouts.job_state(pinned) == "PENDING"
+    assert rollouts.fleet.run("node02", "test -e /root/job-pinned").returncode == 1
+    proc = rollouts.fleet.slurm(["sbatch", "--parsable", "--chdir=/root", "--gres=gpu:1",
+                                 "--output=/root/job-%j.out", "--wrap", "hostname > /root/job-free"], check=True)
+    free = proc.stdout.strip().split(";")[0]
+    wait_for(lambda: rollouts.job_state(free) == "", 120, "job %s to run" % free)
+    ran_on = [n for n in ("node01", "node02", "node03")
+              if os.path.exists(os.path.join(rollouts.fleet.root_of(n), "root", "job-free"))]
+    assert ran_on and "node02" not in ran_on, ran_on
+    rollouts.fleet.slurm(["scancel", pinned])

@@ -19,7 +19,6 @@ import os
 import tempfile
 import time
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import state_file  # noqa: E402
