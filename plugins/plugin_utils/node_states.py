@@ -154,3 +154,14 @@ def walk(start: str, observations: Any) -> Tuple[str, list]:
         if step["action"]:
             actions.append(step["action"])
     return state, actions
+
+
+def markdown_table() -> str:
+    """The table of states as docs/rollout.md shows it (a unit test keeps the page equal to it)."""
+    rows = ["| state | means | moves on when (→ next state, (the one action)) |", "|---|---|---|"]
+    for state, meaning in STATES.items():
+        moves = TRANSITIONS.get(state, {})
+        text = "; ".join("%s → `%s`%s" % (observation.replace("_", " "), target, " (%s)" % action if action else "")
+                         for observation, (target, action) in moves.items()) or "terminal"
+        rows.append("| `%s` | %s | %s |" % (state, meaning, text))
+    return "\n".join(rows)

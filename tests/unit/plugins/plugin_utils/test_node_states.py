@@ -125,3 +125,10 @@ def test_the_journal_tells_each_state():
     lost = rollout_journal.fold(list(enumerate(lines[:1], start=1)),
                                 [{"line": 2, "text": "unreadable: journal.jsonl:2: cut", "node": "n1"}])
     assert ns.state_of(lost["n1"]) == "unknown"
+
+
+def test_the_docs_show_the_table_as_it_is():
+    import os
+    page = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "rollout.md")
+    with open(page, encoding="utf-8") as handle:
+        assert ns.markdown_table() in handle.read()
