@@ -29,6 +29,7 @@ ARGUMENT_SPEC = {
     "node_class": {"type": "str"},
     "traces": {"type": "dict"},
     "fail_msg": {"type": "str"},
+    "warn_skipped": {"type": "bool", "default": True},
 }
 
 
@@ -148,7 +149,10 @@ class ActionModule(ControllerAction):
             result["status"] = report["status"]
             result["summary"] = report["summary"]
             result["stopped_by"] = report["stopped_by"]
+            result["skipped_outputs"] = report.get("skipped_outputs") or {}
             if state == "render":
                 result["report"] = report
                 result["markdown"] = rollout_report.render_markdown(report)
+                if result["skipped_outputs"] and args["warn_skipped"]:
+                    result["warnings"] = ["rollout_report: %s" % note for note in result["skipped_outputs"].values()]
         return result

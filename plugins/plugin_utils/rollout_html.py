@@ -121,6 +121,11 @@ _BODY = """
 {% endfor %}
 </table>
 
+{% if skipped %}
+<h2>Outputs not written</h2>
+<ul id="skipped">{% for name, note in skipped %}<li><b>{{ name }}</b>: {{ note }}</li>{% endfor %}</ul>
+{% endif %}
+
 <h2>Nodes</h2>
 <table id="nodes">
 <tr><th>node</th><th>class</th><th>stage</th><th class="num">step</th><th>result</th><th>before</th><th>after</th>
@@ -234,6 +239,7 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
     env = report_html.environment()
     body = env.from_string(_BODY).render(
         r=report, s=summary, columns=columns, quarantined=quarantined, nodes=nodes, golden=golden, budgets=budgets,
+        skipped=sorted((report.get("skipped_outputs") or {}).items()),
         classes=report_html.matrix(sorted(per_class.items()), columns),
         chart=rollout_timeline.svg_paths(line, _WIDTH, _HEIGHT), chart_states=rollout_timeline.STATES,
         line_points=len(line["points"]), width=_WIDTH, height=_HEIGHT, wall=_elapsed(report.get("wall_s")))

@@ -345,6 +345,10 @@ Quarantined (drained and flagged, out of service until cleared):
 
 Deferred (out of service, to do when back): {{ r.deferred | join(', ') }}
 {% endif %}
+{% for name, note in (r.get('skipped_outputs') or {}) | dictsort %}
+
+Not written ({{ name }}): {{ note | md }}.
+{% endfor %}
 {% if r.notes %}
 
 Notes:
@@ -572,7 +576,8 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
     the journal. Writes ``rollout-report.json``, ``.md``, ``.html`` (one self-contained page,
     ``rollout_html``), ``rollout-report.junit.xml`` (``report_junit``) and
     ``gpufleet_rollout.prom`` (``rollout_prometheus``; only where ``prometheus_client`` is
-    installed), each atomically.
+    installed: else the report's ``skipped_outputs`` says once, in every other format, that it was
+    skipped and how to get it), each atomically.
 
     :param step_end: this render ends a step: a ``rendered`` line goes to the journal when a node
         was admitted since the last one (``rollout_timeline.steps`` numbers the steps by them).
@@ -593,6 +598,9 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
             decision = rollout_budget.decide(rollout_journal.fleet_state(plan, journal),
                                              rollout_budget.normalize_options(plan.get("options") or {}))
         report = build_report(plan, read_records(directory), generated_at, decision)
+        prometheus = os.path.join(directory, rollout_prometheus.FILENAME)
+        report["skipped_outputs"] = {} if prometheus_textfile.available() else {
+            "prometheus": prometheus_textfile.skipped_note(prometheus)}
         for name, filename in (("json", "rollout-report.json"), ("markdown", "rollout-report.md"),
                                ("html", "rollout-report.html"), ("junit", "rollout-report.junit.xml")):
             paths[name] = os.path.join(directory, filename)
@@ -600,8 +608,8 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
         write_atomic(paths["markdown"], render_markdown(report))
         write_atomic(paths["html"], rollout_html.render_html(report, lines, plan))
         write_atomic(paths["junit"], report_junit.rollout_junit(report))
-        if prometheus_textfile.available():
-            paths["prometheus"] = os.path.join(directory, rollout_prometheus.FILENAME)
+        if not report["skipped_outputs"]:
+            paths["prometheus"] = prometheus
             rollout_prometheus.write_textfile(paths["prometheus"], report)
     return {"report": report, "paths": paths}
 

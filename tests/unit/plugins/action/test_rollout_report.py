@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -379,3 +380,73 @@ def test_a_record_with_a_fail_msg_is_written_then_fails_its_host(tmp_path):
     assert stored["result"] == "rolled_back" and stored["reason"] == "Xid 79 after reboot"
     journal = (tmp_path / "rep" / "journal.jsonl").read_text() if (tmp_path / "rep" / "journal.jsonl").exists() else ""
     assert '"node": "n2"' in journal and '"status": "failed"' in journal
+
+
+def test_render_without_prometheus_client_writes_every_other_format_and_says_so_once(tmp_path, monkeypatch):
+    """A controller with ansible-core and the collection alone: the rollout's files, less the textfile."""
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import prometheus_client raises ImportError
+    directory = str(tmp_path / "report")
+    rr.write_plan(directory, PLAN)
+    rr.store_record(directory, record("h1", "golden", "upgraded"))
+    done = rr.render(directory)
+    assert sorted(done["paths"]) == ["html", "json", "junit", "markdown"]
+    assert sorted(os.listdir(directory)) == [".lock", "nodes", "plan.json", "rollout-report.html", "rollout-report.json",
+                                             "rollout-report.junit.xml", "rollout-report.md"]
+    note = done["report"]["skipped_outputs"]["prometheus"]
+    assert note.startswith("the Prometheus textfile %s/gpufleet_rollout.prom was not written: the controller's Python "
+                           "(%s) has no prometheus_client; to get it, install the collection's controller requirements "
+                           "(%s -m pip install -r " % (directory, sys.executable, sys.executable))
+    assert note.endswith("/gpufleet/nvidia/requirements.txt) and run the report again; every other format was written")
+    with open(os.path.join(directory, "rollout-report.json")) as handle:
+        assert json.load(handle)["skipped_outputs"] == {"prometheus": note}
+    for name in ("rollout-report.md", "rollout-report.html"):
+        with open(os.path.join(directory, name)) as handle:
+            assert html.unescape(handle.read()).count(note) == 1, name
+    # With prometheus_client, nothing is skipped and the textfile is written.
+    monkeypatch.delitem(sys.modules, "prometheus_client")
+    again = rr.render(directory)
+    assert again["report"]["skipped_outputs"] == {} and os.path.isfile(again["paths"]["prometheus"])
+
+
+def test_action_render_warns_once_without_prometheus_client_and_not_at_steps(tmp_path):
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "prometheus_client.py").write_text("raise ImportError('No module named prometheus_client')\n")
+    playbook = tmp_path / "pb.yml"
+    playbook.write_text(
+        "- name: Report\n"
+        "  hosts: localhost\n"
+        "  gather_facts: false\n"
+        "  tasks:\n"
+        "    - name: Record\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: record\n"
+        "        report_dir: rep\n"
+        "        record: {node: n1, stage: golden, result: upgraded, target: {version: '620.82.01'}}\n"
+        "    - name: Render a step\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: render\n"
+        "        report_dir: rep\n"
+        "        warn_skipped: false\n"
+        "    - name: Render the last time\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: render\n"
+        "        report_dir: rep\n"
+        "      register: rendered\n"
+        "    - name: Show\n"
+        "      ansible.builtin.debug:\n"
+        "        msg: \"RESULT {{ {'skipped': rendered.skipped_outputs, 'paths': rendered.paths} | to_json }}\"\n"
+    )
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               PYTHONPATH=str(hide))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert out.count("[WARNING]: rollout_report: the Prometheus textfile %s was not written" % (
+        tmp_path / "rep" / "gpufleet_rollout.prom")) == 1, out
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1].split("\n")[0].rstrip('"').replace('\\"', '"'))
+    assert sorted(result["paths"]) == ["html", "json", "junit", "markdown"]
+    assert list(result["skipped"]) == ["prometheus"]
