@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_outcome
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import run_lease
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import run_identity
@@ -148,6 +149,7 @@ class ActionModule(ControllerAction):
             result["paths"] = done["paths"]
             result["status"] = report["status"]
             result["summary"] = report["summary"]
+            result["summary_text"] = rollout_outcome.summary_line(report["summary"])
             result["stopped_by"] = report["stopped_by"]
             result["skipped_outputs"] = report.get("skipped_outputs") or {}
             if state == "render":

@@ -163,11 +163,21 @@ status:
   returned: when O(state=render), not in check mode
   type: str
 summary:
-  description: Nodes per result (C(upgraded), C(skipped), C(rolled_back), C(flagged), C(refused), C(not_started)).
+  description:
+    - Nodes per outcome, each node in exactly one, so they add up to C(nodes) - C(upgraded), C(skipped)
+      (already on target), C(rolled_back) (on its last known-good driver, verified), C(rolled_back_flagged)
+      (rolled back and still flagged - the rollback was installed, the node still fails its verification),
+      C(flagged), C(refused), C(failed), C(unreachable), C(interrupted), C(pending), C(unknown),
+      C(not_started) - and C(nodes).
   returned: when O(state=render), not in check mode
   type: dict
+summary_text:
+  description: The summary as the report's sentence.
+  returned: when O(state=render), not in check mode
+  type: str
+  sample: "8 nodes: 7 upgraded, 0 already on target, 0 rolled back, 1 rolled back and still flagged, 0 flagged, 0 refused, 0 not started"
 stopped_by:
-  description: The nodes the stop names, C({node, stage, result, reason}).
+  description: The nodes the stop names, C({node, stage, result, outcome, reason, next_step}).
   returned: when O(state=render), not in check mode
   type: list
   elements: dict

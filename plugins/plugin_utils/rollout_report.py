@@ -43,12 +43,12 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     rollout_budget,
     rollout_html,
     rollout_journal,
+    rollout_outcome,
     rollout_prometheus,
 )
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_journal import locked
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_output import write_atomic
 
-RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed")
 STOPPING = ("rolled_back", "flagged", "refused", "failed", "unreachable", "interrupted")
 _DONE = ("upgraded", "skipped")
 
@@ -206,11 +206,12 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
         "started_at"}`` or ``None`` (then the stages come from the records).
     :param records: ``{host: record}``.
     :returns: ``{"rollout_id", "generated_at", "status": "completed" | "stopped" | "in_progress",
-        "stopped_by": [{"node", "stage", "result", "reason", "next_step"}], "summary": {result: n,
-        "not_started": n, "nodes": n, "rollbacks": n (nodes whose driver was rolled back, whatever
-        their result), "rollbacks_flagged": n (of those, still flagged)}, "stages": [{"name",
-        "hosts", "counts": {...}, "ran": bool}], "nodes": [record, with ``next_step``
-        (rollout_verdict.next_step), or {"node", "stage", "result": "not_started"}] in plan order,
+        "stopped_by": [{"node", "stage", "result", "outcome", "reason", "next_step"}], "summary":
+        {outcome: n for every rollout_outcome.OUTCOMES, "nodes": n} (each node in exactly one
+        outcome: they add up to ``nodes``), "stages": [{"name", "hosts", "counts": {outcome: n},
+        "ran": bool}], "nodes": [record, with ``outcome`` (rollout_outcome.outcome) and
+        ``next_step`` (rollout_verdict.next_step), or {"node", "stage", "result": "not_started"}]
+        in plan order,
         "notes": [str],
         "wall_s": float | None, "stop_reason": str | None, "quarantined": [{"node", "stage", "result",
         "reason"}], "deferred": [names], "budgets": {...} | None, "contract": {class: the golden
@@ -233,7 +234,7 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
     stage_rows = []
     class_of = dict((n.get("name"), n.get("class")) for n in plan.get("nodes") or [] if isinstance(n, Mapping))
     for stage in stages:
-        counts = dict((result, 0) for result in RESULTS + ("not_started",))
+        stage_nodes = []
         for host in stage.get("hosts") or []:
             planned.add(host)
             record = records.get(host)
@@ -241,30 +242,27 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
                 record = {"node": host, "stage": stage["name"], "result": "not_started"}
                 if class_of.get(host):
                     record["class"] = class_of[host]
-            nodes.append(dict(record, next_step=next_step(record)))
-            counts[record.get("result") or "failed"] = counts.get(record.get("result") or "failed", 0) + 1
+            stage_nodes.append(dict(record, outcome=rollout_outcome.outcome(record), next_step=next_step(record)))
+        nodes.extend(stage_nodes)
+        counts = rollout_outcome.count(stage_nodes)
+        del counts["nodes"]
         stage_rows.append({"name": stage["name"], "hosts": list(stage.get("hosts") or []), "counts": counts,
-                           "ran": any(counts[r] for r in RESULTS)})
+                           "ran": any(counts[o] for o in rollout_outcome.OUTCOMES if o != "not_started")})
     for host in sorted(set(records) - planned):
-        nodes.append(dict(records[host], next_step=next_step(records[host])))
-    summary = dict((result, 0) for result in RESULTS + ("not_started",))
-    for node in nodes:
-        summary[node.get("result") or "failed"] = summary.get(node.get("result") or "failed", 0) + 1
-    summary["nodes"] = len(nodes)
-    # A rollback is an event, the result a state: a node rolled back and still flagged counts in both,
-    # so the summary agrees with the rows that say "rolled back to ...".
-    rolled = [n for n in nodes if n.get("result") == "rolled_back" or (n.get("rollback") or {}).get("version")]
-    summary["rollbacks"] = len(rolled)
-    summary["rollbacks_flagged"] = len([n for n in rolled if n.get("result") != "rolled_back"])
-    failed = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "reason": n.get("reason"),
-               "next_step": n.get("next_step")} for n in nodes if n.get("result") in STOPPING]
+        nodes.append(dict(records[host], outcome=rollout_outcome.outcome(records[host]),
+                          next_step=next_step(records[host])))
+    # One outcome per node (rollout_outcome): a node rolled back and still flagged is that, once.
+    summary = rollout_outcome.count(nodes)
+    failed = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "outcome": n["outcome"],
+               "reason": n.get("reason"), "next_step": n.get("next_step")} for n in nodes if n.get("result") in STOPPING]
     stop = (decision or {}).get("stop")
     if decision is not None:
         named = set((stop or {}).get("nodes") or [])
         stopped_by = [entry for entry in failed if entry["node"] in named]
         if (stop or {}).get("code") == "contract_unexplained":
             # The golden node passed; what stops the rollout is what its update changed.
-            stopped_by = [{"node": n["node"], "stage": n.get("stage"), "result": n.get("result"), "reason": stop["reason"],
+            stopped_by = [{"node": n["node"], "stage": n.get("stage"), "result": n.get("result"),
+                           "outcome": n["outcome"], "reason": stop["reason"],
                            "next_step": "review the contract changes (docs/contract.md); accept them with "
                                         "rollout_contract_accept and run the same rollout again, or roll %s back "
                                         "with rollback.yml --limit %s" % (n["node"], n["node"])}
@@ -274,7 +272,7 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
         stopped_by = failed
         if stopped_by:
             status = "stopped"
-        elif all(n.get("result") in _DONE for n in nodes) and nodes:
+        elif all(n["outcome"] in _DONE for n in nodes) and nodes:
             status = "completed"
         else:
             status = "in_progress"
@@ -310,9 +308,7 @@ _MARKDOWN = """\
 
 Status: **{{ r.status }}**{{ (': ' ~ (r.stop_reason | md)) if r.stop_reason else '' }}\
 {{ (' (stopped by ' ~ (r.stopped_by | map(attribute='node') | join(', ')) ~ ')') if r.stopped_by else '' }}.
-{{ s.nodes }} nodes: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target, {{ s.rollbacks }} rolled back\
-{{ (' (%d of them still flagged)' % s.rollbacks_flagged) if s.rollbacks_flagged else '' }}, \
-{{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.\
+{{ summary_line }}.\
 {{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
 
 {% if r.contract_lines %}
@@ -322,23 +318,25 @@ Hardware contract, decided by each class's golden node:
 {% endfor %}
 
 {% endif %}
-| stage | nodes | upgraded | skipped | rolled back | flagged | refused | not started |
-|---|---:|---:|---:|---:|---:|---:|---:|
+| stage | nodes |{% for o in outcomes %} {{ labels[o] }} |{% endfor %}
+
+|---|---:|{% for o in outcomes %}---:|{% endfor %}
+
 {% for st in r.stages %}
-| {{ st.name }} | {{ st.hosts | length }} | {{ st.counts.upgraded }} | {{ st.counts.skipped }} | {{ st.counts.rolled_back }} | \
-{{ st.counts.flagged }} | {{ st.counts.refused }} | {{ st.counts.not_started }} |
+| {{ st.name }} | {{ st.hosts | length }} |{% for o in outcomes %} {{ st.counts.get(o, 0) }} |{% endfor %}
+
 {% endfor %}
 
 | node | stage | result | before | after | target | time | reason |
 |---|---|---|---|---|---|---:|---|
 {% for n in r.nodes %}
-| {{ n.node | md }} | {{ n.stage }} | {{ n.result }} | {{ n.before }} | {{ n.after }} | {{ n.target }} | {{ n.time }} | {{ n.reason | md }} |
+| {{ n.node | md }} | {{ n.stage }} | {{ n.outcome }} | {{ n.before }} | {{ n.after }} | {{ n.target }} | {{ n.time }} | {{ n.reason | md }} |
 {% endfor %}
 {% if r.quarantined %}
 
 Quarantined (drained and flagged, out of service until cleared):
 {% for q in r.quarantined %}
-- {{ q.node | md }} ({{ q.stage }}): {{ q.result }}: {{ q.reason | md }}{{ (' Next step: ' ~ (q.next_step | md) ~ '.') if q.next_step else '' }}
+- {{ q.node | md }} ({{ q.stage }}): {{ labels[q.outcome] }}: {{ q.reason | md }}{{ (' Next step: ' ~ (q.next_step | md) ~ '.') if q.next_step else '' }}
 {% endfor %}
 {% endif %}
 {% if r.deferred %}
@@ -412,7 +410,9 @@ def evidence_lines(evidence: Any) -> List[str]:
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
-    """The rollout report as Markdown (Jinja2): status, a table per stage, a row per node, notes."""
+    """The rollout report as Markdown (Jinja2): status, the summary line
+    (``rollout_outcome.summary_line``), a table of the stages by outcome, a row per node (its
+    outcome), the quarantined nodes with their next step, notes."""
     env = Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["md"] = _md
@@ -421,13 +421,15 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         durations = node.get("durations") or {}
         rollback = node.get("rollback") or {}
         reason = node.get("reason") or ""
-        if rollback.get("version"):
+        if rollout_outcome.rollback_installed(node):
             verified = "verified" if rollback.get("ok") else "not verified"
             reason += " → rolled back to %s (%s)" % (rollback["version"], verified)
+        elif rollback.get("version") and node.get("result") in STOPPING:
+            reason += " → not rolled back (last known-good: %s)" % rollback["version"]
         safe_nodes.append({
             "node": node.get("node"),
             "stage": node.get("stage") or "-",
-            "result": node.get("result"),
+            "outcome": node.get("outcome") or rollout_outcome.outcome(node),
             "before": (node.get("before") or {}).get("loaded") or "-",
             "after": (node.get("after") or {}).get("loaded") or "-",
             "target": (node.get("target") or {}).get("version") or "-",
@@ -437,7 +439,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     view = dict(report)
     view["nodes"] = safe_nodes
     view["contract_lines"] = contract_lines(report.get("contract") or {}) + evidence_lines(report.get("evidence") or {})
-    return env.from_string(_MARKDOWN).render(r=view, s=report["summary"])
+    return env.from_string(_MARKDOWN).render(r=view, s=report["summary"], labels=rollout_outcome.LABELS,
+                                             outcomes=rollout_outcome.shown(report["summary"]),
+                                             summary_line=rollout_outcome.summary_line(report["summary"]))
 
 
 def _load(path: str) -> Optional[Dict[str, Any]]:

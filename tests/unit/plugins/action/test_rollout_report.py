@@ -73,10 +73,10 @@ def test_report_status_stopped_completed_in_progress():
     })
     assert stopped["status"] == "stopped"
     assert [dict(entry, next_step=None) for entry in stopped["stopped_by"]] == [
-        {"node": "a1", "stage": "canary", "result": "rolled_back", "reason": "GPU count changed: 8 before, 7 after",
-         "next_step": None}]
-    assert stopped["summary"]["rollbacks"] == 1 and stopped["summary"]["rollbacks_flagged"] == 0
-    assert stopped["summary"]["not_started"] == 3
+        {"node": "a1", "stage": "canary", "result": "rolled_back", "outcome": "rolled_back",
+         "reason": "GPU count changed: 8 before, 7 after", "next_step": None}]
+    assert (stopped["summary"]["upgraded"], stopped["summary"]["rolled_back"], stopped["summary"]["not_started"],
+            stopped["summary"]["nodes"]) == (1, 1, 3, 5)
     assert [s["ran"] for s in stopped["stages"]] == [True, True, False]
     assert [n["result"] for n in stopped["nodes"]] == ["upgraded", "rolled_back", "not_started", "not_started",
                                                        "not_started"]
@@ -85,7 +85,7 @@ def test_report_status_stopped_completed_in_progress():
     assert rr.build_report(PLAN, {"h1": record("h1", "golden", "upgraded")})["status"] == "in_progress"
 
 
-def test_a_node_rolled_back_then_flagged_counts_as_rolled_back_and_gets_its_next_step():
+def test_a_node_rolled_back_and_still_flagged_is_one_outcome_and_gets_its_next_step():
     """The demo's node06: Xid 79 after the rollback reboot, one GPU lost, left flagged."""
     node06 = record("a1", "canary", "flagged", after="580.126.20",
                     reason="GPU count changed: 8 before, 7 after (gone: GPU 0000:4e:00.0 (serial 1654922000403))",
@@ -93,18 +93,22 @@ def test_a_node_rolled_back_then_flagged_counts_as_rolled_back_and_gets_its_next
                     rollback={"version": "580.126.20", "ok": False})
     report = rr.build_report(PLAN, {"h1": record("h1", "golden", "upgraded"), "a1": node06})
     summary = report["summary"]
-    assert (summary["flagged"], summary["rolled_back"], summary["rollbacks"], summary["rollbacks_flagged"]) == (1, 0, 1, 1)
+    assert (summary["rolled_back_flagged"], summary["flagged"], summary["rolled_back"], summary["nodes"]) == (1, 0, 0, 5)
+    assert [n["outcome"] for n in report["nodes"]] == ["upgraded", "rolled_back_flagged", "not_started", "not_started",
+                                                       "not_started"]
+    assert report["stages"][1]["counts"]["rolled_back_flagged"] == 1 and report["stages"][1]["counts"]["flagged"] == 0
     step = report["nodes"][1]["next_step"]
     assert step.startswith("look at the hardware (Xid 79, gpu_count_changed after the rollback reboot): reseat")
     assert "RMA" in step and "playbooks/rollback.yml --limit a1" in step and "same rollout_id" in step
     assert report["nodes"][0]["next_step"] is None
     text = rr.render_markdown(report)
-    assert "5 nodes: 1 upgraded, 0 already on target, 1 rolled back (1 of them still flagged), 1 flagged," in text
+    assert ("5 nodes: 1 upgraded, 0 already on target, 0 rolled back, 1 rolled back and still flagged, 0 flagged, "
+            "0 refused, 3 not started.") in text
     assert "- a1 (canary): flagged: GPU count changed" not in text  # no decision: no quarantine list
     # A verified rollback is a rolled_back result, with the driver as the place to look.
     back = rr.build_report(PLAN, {"a1": record("a1", "canary", "rolled_back", flags=["version_not_loaded"],
                                                rollback={"version": "580.126.20", "ok": True})})
-    assert back["summary"]["rollbacks"] == 1 and back["summary"]["rollbacks_flagged"] == 0
+    assert (back["summary"]["rolled_back"], back["summary"]["rolled_back_flagged"]) == (1, 0)
     assert back["nodes"][1]["next_step"].startswith("the node is back on 580.126.20, drained and flagged")
 
 
@@ -118,8 +122,9 @@ def test_markdown_rows_and_notes():
     text = rr.render_markdown(report)
     assert "Status: **stopped** (stopped by a1)." in text
     assert "| h1 | golden | upgraded | 580.126.20 | 620.82.01 | 620.82.01 | 119 s | - |" in text
-    assert "| a1 | canary | flagged | 580.126.20 | 620.82.01 | 620.82.01 | 60 s | a\\|b → rolled back to 580.126.20 " \
-           "(not verified) |" in text
+    # A rollback version was chosen but never installed (the node still runs the target): flagged, not rolled back.
+    assert "| a1 | canary | flagged | 580.126.20 | 620.82.01 | 620.82.01 | 60 s | a\\|b → not rolled back " \
+           "(last known-good: 580.126.20) |" in text
     assert "| l1 | waves | not_started | - | - | - | - | - |" in text
     assert "- v1: ltsb resolves to R580 for Volta" in text
 
