@@ -144,7 +144,8 @@ class ActionModule(ControllerAction):
                 result["failed"] = True
                 result["msg"] = args["fail_msg"]
         if state == "render" or (state == "start" and args["plan"] is not None):
-            done = rollout_report.render(directory, iso, step_end=state == "render")
+            done = rollout_report.render(directory, iso, step_end=state == "render",
+                                         inventory=(task_vars or {}).get("ansible_inventory_sources"))
             report = done["report"]
             result["paths"] = done["paths"]
             result["status"] = report["status"]

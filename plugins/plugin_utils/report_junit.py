@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import finding_severity_rank
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_html import node_rows
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_next_step import next_step_text
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_outcome import LABELS, outcome
 
 #: Rollout outcomes (rollout_outcome.OUTCOMES) that fail a node's test case.
@@ -109,7 +110,7 @@ def rollout_junit(report: Mapping[str, Any]) -> str:
             failure.text = "stage %s; %s%s%s" % (node.get("stage") or "-", reason, (
                 "; rolled back to %s (%s)" % (rollback["version"], "verified" if rollback.get("ok") else "not verified"))
                 if result in ("rolled_back", "rolled_back_flagged") and rollback.get("version") else "",
-                "; next step: %s" % node["next_step"] if isinstance(node.get("next_step"), str) else "")
+                "; next step: %s" % next_step_text(node["next_step"]) if isinstance(node.get("next_step"), Mapping) else "")
         elif result in ROLLOUT_SKIPS:
             ET.SubElement(case, "skipped", message="%s: %s" % (label, reason))
         else:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import contract_diff
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import report_html, rollout_outcome, rollout_timeline
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_next_step import next_step_text
 
 
 _WIDTH, _HEIGHT = 1000, 180
@@ -30,7 +31,8 @@ _BODY = """
 </div>{% endif %}
 </div>
 {% elif r.status == 'completed' %}
-<div class="banner good" id="status"><b>Completed</b>: {{ summary_line }}.</div>
+<div class="banner good" id="status"><b>Completed</b>: {{ summary_line }}{% if quarantined %}
+; {{ quarantined | length }} quarantined{% endif %}.</div>
 {% else %}
 <div class="banner busy" id="status"><b>In progress</b>: {{ summary_line }}.</div>
 {% endif %}
@@ -38,10 +40,11 @@ _BODY = """
 {% if quarantined %}
 <h2>Quarantined ({{ quarantined | length }}): drained and flagged, out of service until cleared</h2>
 <table id="quarantined">
-<tr><th>node</th><th>class</th><th>stage</th><th>result</th><th>now on</th><th>reason</th></tr>
+<tr><th>node</th><th>class</th><th>stage</th><th>result</th><th>now on</th><th>reason and next step</th></tr>
 {% for q in quarantined %}
 <tr><td><b>{{ q.node }}</b></td><td>{{ q.class }}</td><td>{{ q.stage }}</td><td>{{ pill(q.outcome, labels[q.outcome]) }}</td>
-<td class="mono">{{ q.after }}</td><td>{{ q.reason }}</td></tr>
+<td class="mono">{{ q.after }}</td><td>{{ q.reason }}{% if q.next_step %}
+<div class="next"><b>Next step</b>: {{ q.next_step }}.</div>{% endif %}</td></tr>
 {% endfor %}
 </table>
 {% endif %}
@@ -130,7 +133,10 @@ _BODY = """
 <tr><td><b>{{ n.node }}</b></td><td>{{ n.class }}</td><td>{{ n.stage }}</td><td class="num">{{ n.step }}</td>
 <td><span class="pill" style="background:{{ colours.get(n.outcome, '#607d8b') }}">{{ n.result_text }}</span></td>
 <td class="mono">{{ n.before }}</td><td class="mono">{{ n.after }}</td><td class="mono">{{ n.target }}</td>
-<td class="num">{{ n.time }}</td><td>{{ n.reason }}</td></tr>
+<td class="num">{{ n.time }}</td><td>{{ n.reason }}{% if n.step_next %}
+<div class="next"><b>Next step</b>: {{ n.step_next.do }}; {{ n.step_next.clears }}:
+<code>{{ n.step_next.command }}</code>{% if n.step_next.resume and n.step_next.resume != n.step_next.command %};
+then <code>{{ n.step_next.resume }}</code> takes it back into the rollout{% endif %}.</div>{% endif %}</td></tr>
 {% endfor %}
 </table>
 {% if r.deferred %}<p class="note">Deferred (out of service, to do when back): {{ r.deferred | join(', ') }}</p>{% endif %}
@@ -159,8 +165,10 @@ def _describe(entry: Any) -> str:
 def _reason(node: Mapping[str, Any]) -> str:
     reason = str(node.get("reason") or "")
     rollback = node.get("rollback") or {}
-    if rollback.get("version"):
+    if rollout_outcome.rollback_installed(node):
         reason += " → rolled back to %s (%s)" % (rollback["version"], "verified" if rollback.get("ok") else "not verified")
+    elif rollback.get("version") and node.get("result") not in rollout_outcome.IN_SERVICE:
+        reason += " → not rolled back (last known-good: %s)" % rollback["version"]
     return reason or "-"
 
 
@@ -200,7 +208,8 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
                       "before": (node.get("before") or {}).get("loaded") or "-",
                       "after": (node.get("after") or {}).get("loaded") or "-",
                       "target": (node.get("target") or {}).get("version") or "-",
-                      "time": _elapsed(total), "reason": _reason(node), "record": node})
+                      "time": _elapsed(total), "reason": _reason(node), "record": node,
+                      "step_next": node.get("next_step") if isinstance(node.get("next_step"), Mapping) else None})
     summary = report["summary"]
     columns = rollout_outcome.shown(summary)
     by_name = dict((n["node"], n) for n in nodes)
@@ -210,7 +219,7 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
         quarantined.append({"node": entry["node"], "class": node.get("class", "-"), "stage": entry.get("stage") or "-",
                             "outcome": node.get("outcome") or entry.get("outcome") or "unknown",
                             "result": entry["result"], "after": node.get("after", "-"), "reason": node.get("reason")
-                            or entry.get("reason") or "-"})
+                            or entry.get("reason") or "-", "next_step": next_step_text(entry.get("next_step"))})
     golden = []
     verdicts = report.get("contract") or {}
     for node in nodes:

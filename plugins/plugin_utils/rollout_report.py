@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from jinja2 import Environment, StrictUndefined
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import next_step
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_next_step import commands, next_step, next_step_text
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     prometheus_textfile,
     report_junit,
@@ -199,7 +199,8 @@ def _branch_note(resolved: Mapping[str, Any], catalog: Optional[Mapping[str, Any
 
 
 def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]],
-                 generated_at: Optional[str] = None, decision: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                 generated_at: Optional[str] = None, decision: Optional[Mapping[str, Any]] = None,
+                 inventory: Any = None) -> Dict[str, Any]:
     """Roll the records up against the plan.
 
     :param plan: ``{"rollout_id", "stages": [{"name", "hosts": [..], "serial"}], "request": {...},
@@ -210,13 +211,14 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
         {outcome: n for every rollout_outcome.OUTCOMES, "nodes": n} (each node in exactly one
         outcome: they add up to ``nodes``), "stages": [{"name", "hosts", "counts": {outcome: n},
         "ran": bool}], "nodes": [record, with ``outcome`` (rollout_outcome.outcome) and
-        ``next_step`` (rollout_verdict.next_step), or {"node", "stage", "result": "not_started"}]
-        in plan order,
+        ``next_step`` (rollout_next_step.next_step: ``{action, do, clears, command, resume}`` or
+        None), or {"node", "stage", "result": "not_started"}] in plan order,
         "notes": [str],
         "wall_s": float | None, "stop_reason": str | None, "quarantined": [{"node", "stage", "result",
         "reason"}], "deferred": [names], "budgets": {...} | None, "contract": {class: the golden
         node's contract changes and how each is explained (``rollout_budget.contract_verdicts``)},
         "evidence": {golden node: its record's ``evidence`` (:func:`store_traces`)}}``.
+    :param inventory: the run's ``ansible_inventory_sources``, for the commands of the next steps.
     :param decision: ``rollout_budget.decide`` over the journal (a rollout run in steps): then the
         status is the decision's (``stopped`` with its reason, ``completed`` when nothing is left,
         quarantined nodes included), ``stopped_by`` lists the nodes the stop names and
@@ -242,7 +244,7 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
                 record = {"node": host, "stage": stage["name"], "result": "not_started"}
                 if class_of.get(host):
                     record["class"] = class_of[host]
-            stage_nodes.append(dict(record, outcome=rollout_outcome.outcome(record), next_step=next_step(record)))
+            stage_nodes.append(dict(record, outcome=rollout_outcome.outcome(record), next_step=next_step(record, inventory)))
         nodes.extend(stage_nodes)
         counts = rollout_outcome.count(stage_nodes)
         del counts["nodes"]
@@ -250,7 +252,7 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
                            "ran": any(counts[o] for o in rollout_outcome.OUTCOMES if o != "not_started")})
     for host in sorted(set(records) - planned):
         nodes.append(dict(records[host], outcome=rollout_outcome.outcome(records[host]),
-                          next_step=next_step(records[host])))
+                          next_step=next_step(records[host], inventory)))
     # One outcome per node (rollout_outcome): a node rolled back and still flagged is that, once.
     summary = rollout_outcome.count(nodes)
     failed = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "outcome": n["outcome"],
@@ -263,9 +265,7 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
             # The golden node passed; what stops the rollout is what its update changed.
             stopped_by = [{"node": n["node"], "stage": n.get("stage"), "result": n.get("result"),
                            "outcome": n["outcome"], "reason": stop["reason"],
-                           "next_step": "review the contract changes (docs/contract.md); accept them with "
-                                        "rollout_contract_accept and run the same rollout again, or roll %s back "
-                                        "with rollback.yml --limit %s" % (n["node"], n["node"])}
+                           "next_step": _contract_step(n, inventory)}
                           for n in nodes if n["node"] in named]
         status = "stopped" if stop else "completed" if decision.get("action") == "done" else "in_progress"
     else:
@@ -303,6 +303,16 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
                              if n.get("stage") == "golden" and isinstance(n.get("evidence"), Mapping))}
 
 
+def _contract_step(node: Mapping[str, Any], inventory: Any) -> Dict[str, str]:
+    """The next step of a golden node whose contract change stops the rollout (it passed; no flag)."""
+    cmd = commands(node, inventory)
+    return {"action": "review_contract",
+            "do": "review the contract changes (docs/contract.md) and accept them with rollout_contract_accept, or "
+                  "roll %s back" % node["node"],
+            "clears": "nothing is flagged: the accepted changes let the rollout go on",
+            "command": cmd["rollout"] + " -e rollout_contract_accept=<the changes>", "resume": cmd["rollback"]}
+
+
 _MARKDOWN = """\
 # Driver rollout {{ r.rollout_id }}
 
@@ -336,7 +346,14 @@ Hardware contract, decided by each class's golden node:
 
 Quarantined (drained and flagged, out of service until cleared):
 {% for q in r.quarantined %}
-- {{ q.node | md }} ({{ q.stage }}): {{ labels[q.outcome] }}: {{ q.reason | md }}{{ (' Next step: ' ~ (q.next_step | md) ~ '.') if q.next_step else '' }}
+- {{ q.node | md }} ({{ q.stage }}): {{ labels[q.outcome] }}: {{ q.reason | md }}
+{% endfor %}
+{% endif %}
+{% if next_steps %}
+
+Next steps (each node out of service, with what clears it and the command that takes it back):
+{% for n in next_steps %}
+- {{ n.node | md }} ({{ labels[n.outcome] }}): {{ n.text | md }}.
 {% endfor %}
 {% endif %}
 {% if r.deferred %}
@@ -439,7 +456,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     view = dict(report)
     view["nodes"] = safe_nodes
     view["contract_lines"] = contract_lines(report.get("contract") or {}) + evidence_lines(report.get("evidence") or {})
-    return env.from_string(_MARKDOWN).render(r=view, s=report["summary"], labels=rollout_outcome.LABELS,
+    steps = [{"node": n.get("node"), "outcome": n.get("outcome") or rollout_outcome.outcome(n),
+              "text": next_step_text(n.get("next_step"))} for n in report["nodes"] if isinstance(n.get("next_step"), Mapping)]
+    return env.from_string(_MARKDOWN).render(r=view, s=report["summary"], labels=rollout_outcome.LABELS, next_steps=steps,
                                              outcomes=rollout_outcome.shown(report["summary"]),
                                              summary_line=rollout_outcome.summary_line(report["summary"]))
 
@@ -573,7 +592,8 @@ def store_record(directory: str, record: Mapping[str, Any],
     return path
 
 
-def render(directory: str, generated_at: Optional[str] = None, step_end: bool = False) -> Dict[str, Any]:
+def render(directory: str, generated_at: Optional[str] = None, step_end: bool = False,
+           inventory: Any = None) -> Dict[str, Any]:
     """Regenerate the rollout report's files from the plan, the records and the journal (I/O).
 
     Called once per rollout step, not once per record: its cost is linear in the records and
@@ -583,6 +603,7 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
     installed: else the report's ``skipped_outputs`` says once, in every other format, that it was
     skipped and how to get it), each atomically.
 
+    :param inventory: the run's ``ansible_inventory_sources`` (the next steps' commands).
     :param step_end: this render ends a step: a ``rendered`` line goes to the journal when a node
         was admitted since the last one (``rollout_timeline.steps`` numbers the steps by them).
     :returns: ``{"report": the report dict, "paths": {"json", "markdown", "html", "junit",
@@ -601,7 +622,7 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
             journal = rollout_journal.fold_lines(lines)
             decision = rollout_budget.decide(rollout_journal.fleet_state(plan, journal),
                                              rollout_budget.normalize_options(plan.get("options") or {}))
-        report = build_report(plan, read_records(directory), generated_at, decision)
+        report = build_report(plan, read_records(directory), generated_at, decision, inventory)
         prometheus = os.path.join(directory, rollout_prometheus.FILENAME)
         report["skipped_outputs"] = {} if prometheus_textfile.available() else {
             "prometheus": prometheus_textfile.skipped_note(prometheus)}

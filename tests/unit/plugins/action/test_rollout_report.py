@@ -98,8 +98,12 @@ def test_a_node_rolled_back_and_still_flagged_is_one_outcome_and_gets_its_next_s
                                                        "not_started"]
     assert report["stages"][1]["counts"]["rolled_back_flagged"] == 1 and report["stages"][1]["counts"]["flagged"] == 0
     step = report["nodes"][1]["next_step"]
-    assert step.startswith("look at the hardware (Xid 79, gpu_count_changed after the rollback reboot): reseat")
-    assert "RMA" in step and "playbooks/rollback.yml --limit a1" in step and "same rollout_id" in step
+    # No GPU list in this record: the catalog's action for Xid 79 (reboot), escalated, as the node rebooted.
+    assert step["action"] == "hardware_inspection"
+    assert step["do"].startswith("reseat the GPU the reason names and check its power and riser, or RMA it")
+    assert "Xid 79 (GPU has fallen off the bus; NVIDIA: RESTART_BM); still there after the node's reboot" in step["do"]
+    assert step["command"] == "ansible-playbook gpufleet.nvidia.rollback -i <inventory> -e rollback_hosts=a1"
+    assert step["resume"] == "ansible-playbook gpufleet.nvidia.rollout -i <inventory> -e rollout_id=driver-ltsb"
     assert report["nodes"][0]["next_step"] is None
     text = rr.render_markdown(report)
     assert ("5 nodes: 1 upgraded, 0 already on target, 0 rolled back, 1 rolled back and still flagged, 0 flagged, "
@@ -109,7 +113,7 @@ def test_a_node_rolled_back_and_still_flagged_is_one_outcome_and_gets_its_next_s
     back = rr.build_report(PLAN, {"a1": record("a1", "canary", "rolled_back", flags=["version_not_loaded"],
                                                rollback={"version": "580.126.20", "ok": True})})
     assert (back["summary"]["rolled_back"], back["summary"]["rolled_back_flagged"]) == (1, 0)
-    assert back["nodes"][1]["next_step"].startswith("the node is back on 580.126.20, drained and flagged")
+    assert back["nodes"][1]["next_step"]["do"].startswith("the node is back on 580.126.20, verified, drained and flagged")
 
 
 def test_markdown_rows_and_notes():
@@ -296,7 +300,7 @@ def test_a_golden_nodes_contract_change_is_in_the_first_lines_and_decides_its_cl
     assert report["stop_reason"].startswith("contract change unexplained on golden node h1 (class gpu_h100): "
                                             "reserved memory 480 → 544 MiB on 8 GPUs")
     assert [(s["node"], s["stage"], s["result"]) for s in report["stopped_by"]] == [("h1", "golden", "upgraded")]
-    assert "rollout_contract_accept" in report["stopped_by"][0]["next_step"]
+    assert "rollout_contract_accept" in report["stopped_by"][0]["next_step"]["command"]
     text = rr.render_markdown(report)
     head = text.split("| stage |")[0]
     assert head.endswith("Wall time 60 s.\n\nHardware contract, decided by each class's golden node:\n"
