@@ -82,6 +82,9 @@ class ActionModule(ControllerAction):
         result = super(ActionModule, self).run(tmp, task_vars)
         task_vars = task_vars or {}
         args = self.validated_args()
+        # The default formats include prometheus: a controller without prometheus_client writes the
+        # others and says so once; formats that name prometheus fail without it, before any work.
+        skipped = self._skipped(args)
         started = time.time()
         groups = task_vars.get("groups") or {}
         hosts = args["hosts"]
@@ -120,6 +123,7 @@ class ActionModule(ControllerAction):
                                generated_at=generated, source=source)
         report["source_errors"] = errors
         code = drift.exit_code(report, args["report_only"], args["fail_on"])
+        report["skipped_outputs"] = skipped
         paths = self._write(args, report, started, workers)
         summary = report["summary"]
         result.update({
@@ -132,8 +136,11 @@ class ActionModule(ControllerAction):
             "exit_code": code,
             "drift": drift.exit_code(report, False, args["fail_on"]) != 0,
             "source_errors": errors,
+            "skipped_outputs": report["skipped_outputs"],
             "elapsed_s": round(time.time() - started, 3),
         })
+        if report["skipped_outputs"]:
+            result["warnings"] = ["drift_report: %s" % note for note in report["skipped_outputs"].values()]
         result["msg"] = "%d nodes: %d in sync, %d drifted (%d without facts); %d critical, %d warning findings" % (
             summary["nodes"], summary["in_sync"], summary["drifted"], summary["missing"],
             summary["by_severity"]["critical"], summary["by_severity"]["warning"])
@@ -218,6 +225,30 @@ class ActionModule(ControllerAction):
             return entry["facts"], entry["age_s"], entry["facts"] is not None, entry["nodename"]
         return from_file, "%s:%s" % (args["source"], args["path"])
 
+    def _prometheus_path(self, args):
+        """The Prometheus textfile's absolute path (``prometheus_path``, else in ``output_dir``), or ``None``."""
+        if args["prometheus_path"]:
+            return os.path.abspath(args["prometheus_path"])
+        return "%s/gpufleet_drift.prom" % os.path.abspath(args["output_dir"]) if args["output_dir"] else None
+
+    def _skipped(self, args):
+        """``{"prometheus": note}`` when the default formats meant a Prometheus file that this
+        controller cannot write (no ``prometheus_client``); else ``{}``.
+
+        :raises AnsibleActionFail: when the task's ``formats`` names prometheus and
+            ``prometheus_client`` is missing (asked for, so not skipped).
+        """
+        prom = self._prometheus_path(args)
+        if self._task.check_mode or not prom or "prometheus" not in args["formats"]:
+            return {}
+        try:
+            prometheus_textfile.require()
+        except prometheus_textfile.PrometheusUnavailable as err:
+            if "formats" in (self._task.args or {}):
+                raise AnsibleActionFail("drift_report: %s" % err)
+            return {"prometheus": prometheus_textfile.skipped_note(prom)}
+        return {}
+
     def _write(self, args, report, started, workers=1):
         """Write the outputs (JSON, Markdown, HTML, JUnit XML, Prometheus); the Prometheus file in a second
         process when there is a CPU for it, as it costs about as much as the others.
@@ -239,14 +270,9 @@ class ActionModule(ControllerAction):
             paths["html"] = "%s/drift-report.html" % out
         if out and "junit" in formats:
             paths["junit"] = "%s/drift-report.junit.xml" % out
-        prom = os.path.abspath(args["prometheus_path"]) if args["prometheus_path"] else None
-        prom = prom or ("%s/gpufleet_drift.prom" % out if out else None)
+        prom = self._prometheus_path(args)
         rollout = None
-        if prom and "prometheus" in formats:
-            try:
-                prometheus_textfile.require()
-            except prometheus_textfile.PrometheusUnavailable as err:
-                raise AnsibleActionFail("drift_report: %s" % err)
+        if prom and "prometheus" in formats and "prometheus" not in (report.get("skipped_outputs") or {}):
             paths["prometheus"] = prom
             rollout = self._rollout_report(args)
 

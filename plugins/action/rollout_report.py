@@ -11,7 +11,8 @@ from datetime import datetime, timezone
 
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_report
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal, rollout_outcome
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import run_lease
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import ControllerAction
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run import run_identity
@@ -29,6 +30,7 @@ ARGUMENT_SPEC = {
     "node_class": {"type": "str"},
     "traces": {"type": "dict"},
     "fail_msg": {"type": "str"},
+    "warn_skipped": {"type": "bool", "default": True},
 }
 
 
@@ -144,13 +146,18 @@ class ActionModule(ControllerAction):
                 result["failed"] = True
                 result["msg"] = args["fail_msg"]
         if state == "render" or (state == "start" and args["plan"] is not None):
-            done = rollout_report.render(directory, iso, step_end=state == "render")
+            done = rollout_report.render(directory, iso, step_end=state == "render",
+                                         inventory=(task_vars or {}).get("ansible_inventory_sources"))
             report = done["report"]
             result["paths"] = done["paths"]
             result["status"] = report["status"]
             result["summary"] = report["summary"]
+            result["summary_text"] = rollout_outcome.summary_line(report["summary"])
             result["stopped_by"] = report["stopped_by"]
+            result["skipped_outputs"] = report.get("skipped_outputs") or {}
             if state == "render":
                 result["report"] = report
                 result["markdown"] = rollout_report.render_markdown(report)
+                if result["skipped_outputs"] and args["warn_skipped"]:
+                    result["warnings"] = ["rollout_report: %s" % note for note in result["skipped_outputs"].values()]
         return result

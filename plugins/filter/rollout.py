@@ -9,11 +9,14 @@ documentation is in the ``<filter>.yml`` file beside this one.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_verdict as rv
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import schedule
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import contract_decision, node_preflight, rollout_report, scheduler_state
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_next_step
 
 
 def _call(func, *args, **kwargs):
@@ -126,6 +129,16 @@ def rollout_contract(after, before, policy=None, keep_after=False):
     return _call(contract_decision.record_contract, after or None, before or None, policy or None, bool(keep_after))
 
 
+def rollout_next_step_filter(record, inventory=None):
+    """The next step of a node the rollout left out of service (rollout_next_step.next_step)."""
+    return rollout_next_step.next_step(record if isinstance(record, Mapping) else {}, inventory)
+
+
+def rollout_gpu_problems(facts, before=None):
+    """The GPUs that are not usable, with serials from the snapshot (rollout_next_step.gpu_problems)."""
+    return rollout_next_step.gpu_problems(facts, before)
+
+
 class FilterModule(object):
     """Rollout filters."""
 
@@ -149,4 +162,6 @@ class FilterModule(object):
             "rollout_left_over": rollout_left_over,
             "rollout_resolution_note": rollout_resolution_note,
             "rollout_contract": rollout_contract,
+            "rollout_next_step": rollout_next_step_filter,
+            "rollout_gpu_problems": rollout_gpu_problems,
         }

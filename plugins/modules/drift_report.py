@@ -75,7 +75,14 @@ options:
         C(gpufleet_drift.prom). Nothing is written without it (except O(prometheus_path)).
     type: path
   formats:
-    description: Outputs to write.
+    description:
+      - Outputs to write.
+      - Left out (the default), every format is written, the Prometheus textfile only where the
+        Python package C(prometheus_client) is installed on the controller (the collection's
+        C(requirements.txt)); without it the others are written, the result's C(warnings) and
+        C(skipped_outputs) say once that the textfile was skipped and how to get it, and so do the
+        JSON, Markdown and HTML reports.
+      - Given and naming V(prometheus), a controller without C(prometheus_client) fails the task.
     type: list
     elements: str
     choices: [json, markdown, html, junit, prometheus]
@@ -197,6 +204,14 @@ source_errors:
   description: Fact files that could not be read, by host.
   returned: always
   type: dict
+skipped_outputs:
+  description:
+    - Outputs of the default formats that were not written, each with why and the command that gets it
+      (C(prometheus) without the Python package C(prometheus_client)); also in the JSON report and said
+      once in the Markdown and HTML reports and in the result's C(warnings).
+  returned: always
+  type: dict
+  sample: {"prometheus": "the Prometheus textfile /srv/reports/gpufleet_drift.prom was not written: ..."}
 elapsed_s:
   description: Seconds the report took on the controller.
   returned: always

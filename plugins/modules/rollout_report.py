@@ -27,6 +27,8 @@ description:
   - V(render) regenerates C(rollout-report.json), C(rollout-report.md), C(rollout-report.html) (one
     self-contained page), C(rollout-report.junit.xml) and, where the Python package C(prometheus_client) is
     installed, C(gpufleet_rollout.prom) (once per rollout step) and returns the report with its Markdown;
+    without C(prometheus_client) (the collection's C(requirements.txt)) the textfile is skipped and the
+    report's C(skipped_outputs) says so, with the command that installs it;
     with a plan written by C(rollout_step), the status and the stop reason come from the rollout's budget
     decision over the journal. It marks the end of a step in the journal, which numbers each node's step.
   - The record's fields are described in the collection's C(docs/rollout.md).
@@ -60,6 +62,13 @@ options:
         not reach its goal fails its host in the same task that records it). Empty or absent, the task does
         not fail.
     type: str
+  warn_skipped:
+    description:
+      - With O(state=render), warn (the result's C(warnings)) when an output was skipped (the Prometheus
+        textfile without C(prometheus_client)). The rollout's steps render with V(false), its last
+        render with V(true), so a run warns once.
+    type: bool
+    default: true
   traces:
     description:
       - With O(state=record), the node's GPU traces before and after the update, C({before, after}), each C({csv})
@@ -145,16 +154,31 @@ paths:
   description: Files written (C(record); C(json), C(markdown), C(html), C(junit) and C(prometheus) when rendered).
   returned: when O(state) is V(record) or V(render), not in check mode
   type: dict
+skipped_outputs:
+  description: Outputs of the render that were not written, each with why and how to get it (C(prometheus)
+    without the Python package C(prometheus_client)); empty when every one was written.
+  returned: when rendered, not in check mode
+  type: dict
 status:
   description: C(completed), C(stopped) or C(in_progress).
   returned: when O(state=render), not in check mode
   type: str
 summary:
-  description: Nodes per result (C(upgraded), C(skipped), C(rolled_back), C(flagged), C(refused), C(not_started)).
+  description:
+    - Nodes per outcome, each node in exactly one, so they add up to C(nodes) - C(upgraded), C(skipped)
+      (already on target), C(rolled_back) (on its last known-good driver, verified), C(rolled_back_flagged)
+      (rolled back and still flagged - the rollback was installed, the node still fails its verification),
+      C(flagged), C(refused), C(failed), C(unreachable), C(interrupted), C(pending), C(unknown),
+      C(not_started) - and C(nodes).
   returned: when O(state=render), not in check mode
   type: dict
+summary_text:
+  description: The summary as the report's sentence.
+  returned: when O(state=render), not in check mode
+  type: str
+  sample: "8 nodes: 7 upgraded, 0 already on target, 0 rolled back, 1 rolled back and still flagged, 0 flagged, 0 refused, 0 not started"
 stopped_by:
-  description: The nodes the stop names, C({node, stage, result, reason}).
+  description: The nodes the stop names, C({node, stage, result, outcome, reason, next_step}).
   returned: when O(state=render), not in check mode
   type: list
   elements: dict

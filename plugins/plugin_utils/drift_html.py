@@ -76,6 +76,10 @@ worst severity: {{ s.worst_severity }}.</div>
 {% endfor %}
 </table>
 {% endif %}
+{% if skipped %}
+<h2>Outputs not written</h2>
+<ul id="skipped">{% for name, note in skipped %}<li><b>{{ name }}</b>: {{ note }}</li>{% endfor %}</ul>
+{% endif %}
 {% if errors %}
 <h2>Fact sources that could not be read</h2>
 <table id="errors"><tr><th>node</th><th>why</th></tr>
@@ -137,7 +141,8 @@ def node_rows(report: Mapping[str, Any]) -> List[Dict[str, Any]]:
 def render_html(report: Mapping[str, Any], max_rows: int = 5000) -> str:
     """The drift report as one self-contained HTML page.
 
-    :param report: ``drift.roll_up`` output (with ``source_errors`` when the action added them).
+    :param report: ``drift.roll_up`` output (with ``source_errors`` and ``skipped_outputs``
+        (``{format: why it was not written}``) when the action added them).
     :param max_rows: node-and-check rows shown at most, most severe first (the JSON has all);
         a negative number shows all.
     :returns: HTML text (UTF-8 when written).
@@ -165,6 +170,7 @@ def render_html(report: Mapping[str, Any], max_rows: int = 5000) -> str:
     body = env.from_string(_BODY).render(
         s=summary, classes=overview, class_names=sorted(classes), rows=shown, shown=len(shown),
         omitted=len(rows) - len(shown), errors=sorted((report.get("source_errors") or {}).items()),
+        skipped=sorted((report.get("skipped_outputs") or {}).items()),
         checks=sorted(checks.values(), key=lambda c: (-finding_severity_rank(c["severity"]), -c["total"], c["check"])))
     meta = " · ".join(part for part in (report.get("generated_at") or "", ("facts from %s" % report["source"])
                                         if report.get("source") else "") if part)

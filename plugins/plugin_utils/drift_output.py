@@ -53,6 +53,10 @@ Findings: {{ s.by_severity.critical }} critical, {{ s.by_severity.warning }} war
 {% else %}
 No drift: every node matches its class.
 {% endif %}
+{% for name, note in (report.get('skipped_outputs') or {}) | dictsort %}
+
+Not written ({{ name }}): {{ note }}.
+{% endfor %}
 """
 
 
@@ -71,7 +75,8 @@ def _environment() -> Environment:
 def render_markdown(report: Mapping[str, Any], max_findings: int = 500) -> str:
     """The report as Markdown: fleet summary, a table per class, then findings by severity.
 
-    :param report: ``drift.roll_up`` output.
+    :param report: ``drift.roll_up`` output; its ``skipped_outputs`` (``{format: why}``, added by
+        the action) each get one line at the end.
     :param max_findings: findings listed at most (the most severe first); the rest are counted.
     :returns: Markdown text.
     """

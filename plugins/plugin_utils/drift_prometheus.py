@@ -29,12 +29,13 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import prometheus_textfile
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import FINDING_SEVERITIES
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_outcome import OUTCOMES, outcome
 
 #: The labels that identify a GPU, named and formatted as dcgm-exporter's.
 GPU_LABELS = ("Hostname", "UUID", "gpu", "pci_bus_id", "modelName")
 
-#: Results of a rollout record (plugin_utils.rollout_report.RESULTS) and ``not_started``.
-ROLLOUT_RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed", "not_started")
+#: The outcomes of a rollout's nodes (each node in one; rollout_outcome.OUTCOMES).
+ROLLOUT_RESULTS = OUTCOMES
 
 _BUS_ID = re.compile(r"^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$")
 
@@ -157,10 +158,10 @@ def rollout_families(rollout: Mapping[str, Any]) -> List[Any]:
     """A rollout report's metric families (``rollout-report.json`` of ``rollout_report.render``).
 
     :param rollout: ``{"rollout_id", "status", "stop_reason", "nodes": [{"node", "stage", "class"?,
-        "result"}], "stages": [{"name", "counts"}], "budgets": {class: {"nodes", "max_unavailable",
+        "result", "outcome"?}], "stages": [{"name", "counts": {outcome: n}}], "budgets": {class: {"nodes", "max_unavailable",
         "out_of_service", "free", "failed", "failure_budget"}} | None}``.
     :returns: families: ``gpufleet_rollout_info``, ``_stopped``, ``_nodes{class,result}``,
-        ``_stage_nodes{stage,result}``, ``_capacity_free_nodes``, ``_out_of_service_nodes``,
+        ``_stage_nodes{stage,result}`` (``result`` is the node's one outcome, rollout_outcome), ``_capacity_free_nodes``, ``_out_of_service_nodes``,
         ``_failure_budget_left_nodes`` (per class; budgets only for a rollout run in steps).
     """
     rollout_id = str(rollout.get("rollout_id") or "")
@@ -172,14 +173,14 @@ def rollout_families(rollout: Mapping[str, Any]) -> List[Any]:
     per_class = {}  # type: Dict[str, Dict[str, int]]
     for node in rollout.get("nodes") or []:
         counts = per_class.setdefault(str(node.get("class") or "unclassified"), dict((r, 0) for r in ROLLOUT_RESULTS))
-        result = node.get("result") or "failed"
-        counts[result] = counts.get(result, 0) + 1
-    nodes = _gauge("gpufleet_rollout_nodes", "Nodes of the rollout per GPU class and result.",
+        result = node.get("outcome") if node.get("outcome") in OUTCOMES else outcome(node)
+        counts[result] += 1
+    nodes = _gauge("gpufleet_rollout_nodes", "Nodes of the rollout per GPU class and outcome (each node in one).",
                    ("rollout_id", "class", "result"))
     for klass, counts in sorted(per_class.items()):
         for result, count in sorted(counts.items()):
             nodes.add_metric([rollout_id, klass, result], float(count))
-    stages = _gauge("gpufleet_rollout_stage_nodes", "Nodes of the rollout per stage and result.",
+    stages = _gauge("gpufleet_rollout_stage_nodes", "Nodes of the rollout per stage and outcome (each node in one).",
                     ("rollout_id", "stage", "result"))
     for stage in rollout.get("stages") or []:
         for result, count in sorted((stage.get("counts") or {}).items()):

@@ -16,7 +16,13 @@ Controller side only.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Iterable, List
+
+#: The collection's controller Python requirements (prometheus-client, msgspec), at its root.
+REQUIREMENTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "requirements.txt")
 
 
 class PrometheusUnavailable(Exception):
@@ -44,6 +50,22 @@ def require() -> None:
     except ImportError:
         raise PrometheusUnavailable("the Prometheus output needs the Python package prometheus_client on the controller "
                                     "(pip install prometheus-client), or leave prometheus out of the formats")
+
+
+def skipped_note(path: str) -> str:
+    """What a report says once when its default formats meant a Prometheus file it could not write.
+
+    :param path: the textfile that was not written.
+    :returns: one sentence naming the file, the controller's Python (``sys.executable``) and the
+        command that installs the collection's controller requirements (:data:`REQUIREMENTS`), e.g.
+        ``"the Prometheus textfile /r/gpufleet_drift.prom was not written: the controller's Python
+        (/venv/bin/python3) has no prometheus_client; to get it, install the collection's controller
+        requirements (/venv/bin/python3 -m pip install -r .../gpufleet/nvidia/requirements.txt) and run
+        the report again; every other format was written"``.
+    """
+    return ("the Prometheus textfile %s was not written: the controller's Python (%s) has no prometheus_client; "
+            "to get it, install the collection's controller requirements (%s -m pip install -r %s) and run the "
+            "report again; every other format was written" % (path, sys.executable, sys.executable, REQUIREMENTS))
 
 
 def available() -> bool:

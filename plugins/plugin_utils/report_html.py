@@ -19,7 +19,8 @@ from jinja2 import Environment, StrictUndefined
 COLOURS = {
     "in_sync": "#2e7d32", "drifted": "#e65100", "missing": "#6d4c41",
     "critical": "#c62828", "warning": "#ef6c00", "info": "#1565c0",
-    "upgraded": "#2e7d32", "skipped": "#66bb6a", "rolled_back": "#ef6c00", "flagged": "#c62828",
+    "upgraded": "#2e7d32", "skipped": "#66bb6a", "rolled_back": "#ef6c00", "rolled_back_flagged": "#d84315",
+    "flagged": "#c62828", "unknown": "#37474f",
     "refused": "#8d6e63", "failed": "#b71c1c", "unreachable": "#6a1b9a", "interrupted": "#4527a0",
     "not_started": "#b0bec5", "pending": "#b0bec5", "in_flight": "#1565c0", "done": "#2e7d32",
 }

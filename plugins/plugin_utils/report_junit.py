@@ -5,9 +5,10 @@
 
 One ``<testsuite>`` per GPU class, one ``<testcase>`` per node (``classname`` the class, ``name``
 the node). Drift: a drifted node is a ``<failure>`` (type: its worst check; message: its findings),
-a node without facts too. Rollout: ``rolled_back``, ``flagged``, ``failed``, ``unreachable`` and
-``interrupted`` are failures with the record's reason; ``refused`` and ``not_started`` are
-``<skipped>``. The element and attribute names are those of the JUnit XML form that Jenkins'
+a node without facts too. Rollout: each node's one outcome (``rollout_outcome``) is its case's
+``outcome`` property; ``rolled_back``, ``rolled_back_flagged``, ``flagged``, ``failed``,
+``unreachable``, ``interrupted`` and ``unknown`` are failures (type: the outcome) with the record's
+reason and the next step; ``refused``, ``pending`` and ``not_started`` are ``<skipped>``. The element and attribute names are those of the JUnit XML form that Jenkins'
 JUnit plugin and GitLab read (testsuites / testsuite / testcase / failure / skipped /
 system-out); written with the standard library's ``xml.etree.ElementTree``, which escapes text.
 """
@@ -19,11 +20,13 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import finding_severity_rank
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift_html import node_rows
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_next_step import next_step_text
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_outcome import LABELS, outcome
 
-#: Rollout results that fail a node's test case.
-ROLLOUT_FAILURES = ("rolled_back", "flagged", "failed", "unreachable", "interrupted")
-#: Rollout results that skip it (nothing was changed on the node).
-ROLLOUT_SKIPS = ("refused", "not_started")
+#: Rollout outcomes (rollout_outcome.OUTCOMES) that fail a node's test case.
+ROLLOUT_FAILURES = ("rolled_back", "rolled_back_flagged", "flagged", "failed", "unreachable", "interrupted", "unknown")
+#: Rollout outcomes that skip it (nothing was changed on the node yet, or its check waits for a reboot).
+ROLLOUT_SKIPS = ("refused", "pending", "not_started")
 
 
 def _suites(name: str, cases: Mapping[str, List[ET.Element]], timestamp: Optional[str]) -> ET.Element:
@@ -92,23 +95,26 @@ def rollout_junit(report: Mapping[str, Any]) -> str:
     """
     cases = {}  # type: Dict[str, List[ET.Element]]
     for node in report["nodes"]:
-        result = node.get("result") or "failed"
+        result = node.get("outcome") or outcome(node)
         klass = str(node.get("class") or "unclassified")
         case = ET.Element("testcase", classname=klass, name=str(node.get("node")))
         total = (node.get("durations") or {}).get("total_s")
         if total is not None:
             case.set("time", "%.1f" % float(total))
-        reason = str(node.get("reason") or ("not started yet" if result == "not_started" else result))
+        ET.SubElement(ET.SubElement(case, "properties"), "property", name="outcome", value=result)
+        label = LABELS.get(result, result)
+        reason = str(node.get("reason") or ("not started yet" if result == "not_started" else label))
         if result in ROLLOUT_FAILURES:
-            failure = ET.SubElement(case, "failure", type=result, message="%s: %s" % (result, reason))
+            failure = ET.SubElement(case, "failure", type=result, message="%s: %s" % (label, reason))
             rollback = node.get("rollback") or {}
-            failure.text = "stage %s; %s%s" % (node.get("stage") or "-", reason, (
+            failure.text = "stage %s; %s%s%s" % (node.get("stage") or "-", reason, (
                 "; rolled back to %s (%s)" % (rollback["version"], "verified" if rollback.get("ok") else "not verified"))
-                if rollback.get("version") else "")
+                if result in ("rolled_back", "rolled_back_flagged") and rollback.get("version") else "",
+                "; next step: %s" % next_step_text(node["next_step"]) if isinstance(node.get("next_step"), Mapping) else "")
         elif result in ROLLOUT_SKIPS:
-            ET.SubElement(case, "skipped", message="%s: %s" % (result, reason))
+            ET.SubElement(case, "skipped", message="%s: %s" % (label, reason))
         else:
             ET.SubElement(case, "system-out").text = "%s: %s → %s" % (
-                result, (node.get("before") or {}).get("loaded") or "-", (node.get("after") or {}).get("loaded") or "-")
+                label, (node.get("before") or {}).get("loaded") or "-", (node.get("after") or {}).get("loaded") or "-")
         cases.setdefault(klass, []).append(case)
     return _text(_suites("gpufleet rollout %s" % (report.get("rollout_id") or ""), cases, report.get("generated_at")))

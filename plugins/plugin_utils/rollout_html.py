@@ -15,11 +15,9 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import contract_diff
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import report_html, rollout_timeline
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import report_html, rollout_outcome, rollout_timeline
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_next_step import next_step_text
 
-#: Results in the order of the overview's columns (``unreachable`` and ``interrupted`` only when present).
-RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "failed", "unreachable", "interrupted", "refused",
-           "not_started")
 
 _WIDTH, _HEIGHT = 1000, 180
 
@@ -28,24 +26,25 @@ _BODY = """
 <div class="banner bad" id="status"><b>Stopped</b>{% if r.stop_reason %}: {{ r.stop_reason }}{% endif %}
 {% if r.stopped_by %}
 <div>stopped by {% for n in r.stopped_by %}
-<b>{{ n.node }}</b> ({{ n.result | replace('_', ' ') }}){% if not loop.last %}, {% endif %}
+<b>{{ n.node }}</b> ({{ labels[n.outcome] }}){% if not loop.last %}, {% endif %}
 {% endfor %}
 </div>{% endif %}
 </div>
 {% elif r.status == 'completed' %}
-<div class="banner good" id="status"><b>Completed</b>: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target{% if quarantined %}
-, {{ quarantined | length }} quarantined{% endif %}.</div>
+<div class="banner good" id="status"><b>Completed</b>: {{ summary_line }}{% if quarantined %}
+; {{ quarantined | length }} quarantined{% endif %}.</div>
 {% else %}
-<div class="banner busy" id="status"><b>In progress</b>: {{ s.not_started }} of {{ s.nodes }} nodes not started yet.</div>
+<div class="banner busy" id="status"><b>In progress</b>: {{ summary_line }}.</div>
 {% endif %}
 
 {% if quarantined %}
 <h2>Quarantined ({{ quarantined | length }}): drained and flagged, out of service until cleared</h2>
 <table id="quarantined">
-<tr><th>node</th><th>class</th><th>stage</th><th>result</th><th>now on</th><th>reason</th></tr>
+<tr><th>node</th><th>class</th><th>stage</th><th>result</th><th>now on</th><th>reason and next step</th></tr>
 {% for q in quarantined %}
-<tr><td><b>{{ q.node }}</b></td><td>{{ q.class }}</td><td>{{ q.stage }}</td><td>{{ pill(q.result) }}</td>
-<td class="mono">{{ q.after }}</td><td>{{ q.reason }}</td></tr>
+<tr><td><b>{{ q.node }}</b></td><td>{{ q.class }}</td><td>{{ q.stage }}</td><td>{{ pill(q.outcome, labels[q.outcome]) }}</td>
+<td class="mono">{{ q.after }}</td><td>{{ q.reason }}{% if q.next_step %}
+<div class="next"><b>Next step</b>: {{ q.next_step }}.</div>{% endif %}</td></tr>
 {% endfor %}
 </table>
 {% endif %}
@@ -54,7 +53,7 @@ _BODY = """
   <div class="card"><div class="n">{{ s.nodes }}</div><div class="l">nodes</div></div>
 {% for name in columns %}
   <div class="card"><div class="n" style="color:{{ colours.get(name, '#37474f') }}">{{ s.get(name, 0) }}</div>
-<div class="l">{{ name | replace('_', ' ') }}</div></div>
+<div class="l">{{ labels[name] }}</div></div>
 {% endfor %}
 {% if r.wall_s is not none %}<div class="card"><div class="n">{{ wall }}</div><div class="l">wall time</div></div>{% endif %}
 </div>
@@ -63,7 +62,7 @@ _BODY = """
 {{ legend(columns) }}
 <table id="classes">
 <tr><th>class</th><th class="num">nodes</th>{% for name in columns %}
-<th class="num">{{ name | replace('_', ' ') }}</th>{% endfor %}
+<th class="num">{{ labels[name] }}</th>{% endfor %}
 <th style="width:28%">share</th></tr>
 {% for row in classes %}
 <tr><td><b>{{ row.name }}</b></td><td class="num">{{ row.total }}</td>
@@ -115,11 +114,16 @@ _BODY = """
 
 <h2>Stages</h2>
 <table id="stages">
-<tr><th>stage</th><th class="num">nodes</th>{% for name in columns %}<th class="num">{{ name | replace('_', ' ') }}</th>{% endfor %}</tr>
+<tr><th>stage</th><th class="num">nodes</th>{% for name in columns %}<th class="num">{{ labels[name] }}</th>{% endfor %}</tr>
 {% for st in r.stages %}
 <tr><td><b>{{ st.name }}</b></td><td class="num">{{ st.hosts | length }}</td>{% for name in columns %}{{ count(st.counts.get(name, 0)) }}{% endfor %}</tr>
 {% endfor %}
 </table>
+
+{% if skipped %}
+<h2>Outputs not written</h2>
+<ul id="skipped">{% for name, note in skipped %}<li><b>{{ name }}</b>: {{ note }}</li>{% endfor %}</ul>
+{% endif %}
 
 <h2>Nodes</h2>
 <table id="nodes">
@@ -127,9 +131,12 @@ _BODY = """
 <th>target</th><th class="num">time</th><th>reason</th></tr>
 {% for n in nodes %}
 <tr><td><b>{{ n.node }}</b></td><td>{{ n.class }}</td><td>{{ n.stage }}</td><td class="num">{{ n.step }}</td>
-<td><span class="pill" style="background:{{ colours.get(n.result, '#607d8b') }}">{{ n.result_text }}</span></td>
+<td><span class="pill" style="background:{{ colours.get(n.outcome, '#607d8b') }}">{{ n.result_text }}</span></td>
 <td class="mono">{{ n.before }}</td><td class="mono">{{ n.after }}</td><td class="mono">{{ n.target }}</td>
-<td class="num">{{ n.time }}</td><td>{{ n.reason }}</td></tr>
+<td class="num">{{ n.time }}</td><td>{{ n.reason }}{% if n.step_next %}
+<div class="next"><b>Next step</b>: {{ n.step_next.do }}; {{ n.step_next.clears }}:
+<code>{{ n.step_next.command }}</code>{% if n.step_next.resume and n.step_next.resume != n.step_next.command %};
+then <code>{{ n.step_next.resume }}</code> takes it back into the rollout{% endif %}.</div>{% endif %}</td></tr>
 {% endfor %}
 </table>
 {% if r.deferred %}<p class="note">Deferred (out of service, to do when back): {{ r.deferred | join(', ') }}</p>{% endif %}
@@ -158,8 +165,10 @@ def _describe(entry: Any) -> str:
 def _reason(node: Mapping[str, Any]) -> str:
     reason = str(node.get("reason") or "")
     rollback = node.get("rollback") or {}
-    if rollback.get("version"):
+    if rollout_outcome.rollback_installed(node):
         reason += " → rolled back to %s (%s)" % (rollback["version"], "verified" if rollback.get("ok") else "not verified")
+    elif rollback.get("version") and node.get("result") not in rollout_outcome.IN_SERVICE:
+        reason += " → not rolled back (last known-good: %s)" % rollback["version"]
     return reason or "-"
 
 
@@ -190,25 +199,27 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
     for node in report["nodes"]:
         name = node.get("node")
         klass = str(node.get("class") or class_of.get(name) or "unclassified")
-        result = node.get("result") or "failed"
+        result = node.get("outcome") or rollout_outcome.outcome(node)
         counts = per_class.setdefault(klass, {})
         counts[result] = counts.get(result, 0) + 1
         total = (node.get("durations") or {}).get("total_s")
         nodes.append({"node": name, "class": klass, "stage": node.get("stage") or "-",
-                      "step": step_of.get(name, "-"), "result": result, "result_text": result.replace("_", " "),
+                      "step": step_of.get(name, "-"), "outcome": result, "result_text": rollout_outcome.LABELS[result],
                       "before": (node.get("before") or {}).get("loaded") or "-",
                       "after": (node.get("after") or {}).get("loaded") or "-",
                       "target": (node.get("target") or {}).get("version") or "-",
-                      "time": _elapsed(total), "reason": _reason(node), "record": node})
+                      "time": _elapsed(total), "reason": _reason(node), "record": node,
+                      "step_next": node.get("next_step") if isinstance(node.get("next_step"), Mapping) else None})
     summary = report["summary"]
-    columns = [name for name in RESULTS if name not in ("unreachable", "interrupted") or summary.get(name)]
+    columns = rollout_outcome.shown(summary)
     by_name = dict((n["node"], n) for n in nodes)
     quarantined = []
     for entry in report.get("quarantined") or report.get("stopped_by") or []:
         node = by_name.get(entry["node"]) or {}
         quarantined.append({"node": entry["node"], "class": node.get("class", "-"), "stage": entry.get("stage") or "-",
+                            "outcome": node.get("outcome") or entry.get("outcome") or "unknown",
                             "result": entry["result"], "after": node.get("after", "-"), "reason": node.get("reason")
-                            or entry.get("reason") or "-"})
+                            or entry.get("reason") or "-", "next_step": next_step_text(entry.get("next_step"))})
     golden = []
     verdicts = report.get("contract") or {}
     for node in nodes:
@@ -234,6 +245,8 @@ def render_html(report: Mapping[str, Any], journal_lines: Optional[List[str]] = 
     env = report_html.environment()
     body = env.from_string(_BODY).render(
         r=report, s=summary, columns=columns, quarantined=quarantined, nodes=nodes, golden=golden, budgets=budgets,
+        skipped=sorted((report.get("skipped_outputs") or {}).items()), labels=rollout_outcome.LABELS,
+        summary_line=rollout_outcome.summary_line(summary),
         classes=report_html.matrix(sorted(per_class.items()), columns),
         chart=rollout_timeline.svg_paths(line, _WIDTH, _HEIGHT), chart_states=rollout_timeline.STATES,
         line_points=len(line["points"]), width=_WIDTH, height=_HEIGHT, wall=_elapsed(report.get("wall_s")))

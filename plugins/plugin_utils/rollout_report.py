@@ -35,13 +35,14 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 from jinja2 import Environment, StrictUndefined
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog, state_file
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict import next_step
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_next_step import commands, next_step, next_step_text
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     prometheus_textfile,
     report_junit,
     rollout_budget,
     rollout_html,
     rollout_journal,
+    rollout_outcome,
     rollout_prometheus,
 )
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_journal import locked
@@ -54,7 +55,6 @@ def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
     state_file.write_atomic(path, text, mode)
 
 
-RESULTS = ("upgraded", "skipped", "rolled_back", "flagged", "refused", "failed")
 STOPPING = ("rolled_back", "flagged", "refused", "failed", "unreachable", "interrupted")
 _DONE = ("upgraded", "skipped")
 
@@ -205,23 +205,26 @@ def _branch_note(resolved: Mapping[str, Any], catalog: Optional[Mapping[str, Any
 
 
 def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mapping[str, Any]],
-                 generated_at: Optional[str] = None, decision: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+                 generated_at: Optional[str] = None, decision: Optional[Mapping[str, Any]] = None,
+                 inventory: Any = None) -> Dict[str, Any]:
     """Roll the records up against the plan.
 
     :param plan: ``{"rollout_id", "stages": [{"name", "hosts": [..], "serial"}], "request": {...},
         "started_at"}`` or ``None`` (then the stages come from the records).
     :param records: ``{host: record}``.
     :returns: ``{"rollout_id", "generated_at", "status": "completed" | "stopped" | "in_progress",
-        "stopped_by": [{"node", "stage", "result", "reason", "next_step"}], "summary": {result: n,
-        "not_started": n, "nodes": n, "rollbacks": n (nodes whose driver was rolled back, whatever
-        their result), "rollbacks_flagged": n (of those, still flagged)}, "stages": [{"name",
-        "hosts", "counts": {...}, "ran": bool}], "nodes": [record, with ``next_step``
-        (rollout_verdict.next_step), or {"node", "stage", "result": "not_started"}] in plan order,
+        "stopped_by": [{"node", "stage", "result", "outcome", "reason", "next_step"}], "summary":
+        {outcome: n for every rollout_outcome.OUTCOMES, "nodes": n} (each node in exactly one
+        outcome: they add up to ``nodes``), "stages": [{"name", "hosts", "counts": {outcome: n},
+        "ran": bool}], "nodes": [record, with ``outcome`` (rollout_outcome.outcome) and
+        ``next_step`` (rollout_next_step.next_step: ``{action, do, clears, command, resume}`` or
+        None), or {"node", "stage", "result": "not_started"}] in plan order,
         "notes": [str],
         "wall_s": float | None, "stop_reason": str | None, "quarantined": [{"node", "stage", "result",
         "reason"}], "deferred": [names], "budgets": {...} | None, "contract": {class: the golden
         node's contract changes and how each is explained (``rollout_budget.contract_verdicts``)},
         "evidence": {golden node: its record's ``evidence`` (:func:`store_traces`)}}``.
+    :param inventory: the run's ``ansible_inventory_sources``, for the commands of the next steps.
     :param decision: ``rollout_budget.decide`` over the journal (a rollout run in steps): then the
         status is the decision's (``stopped`` with its reason, ``completed`` when nothing is left,
         quarantined nodes included), ``stopped_by`` lists the nodes the stop names and
@@ -239,7 +242,7 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
     stage_rows = []
     class_of = dict((n.get("name"), n.get("class")) for n in plan.get("nodes") or [] if isinstance(n, Mapping))
     for stage in stages:
-        counts = dict((result, 0) for result in RESULTS + ("not_started",))
+        stage_nodes = []
         for host in stage.get("hosts") or []:
             planned.add(host)
             record = records.get(host)
@@ -247,40 +250,35 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
                 record = {"node": host, "stage": stage["name"], "result": "not_started"}
                 if class_of.get(host):
                     record["class"] = class_of[host]
-            nodes.append(dict(record, next_step=next_step(record)))
-            counts[record.get("result") or "failed"] = counts.get(record.get("result") or "failed", 0) + 1
+            stage_nodes.append(dict(record, outcome=rollout_outcome.outcome(record), next_step=next_step(record, inventory)))
+        nodes.extend(stage_nodes)
+        counts = rollout_outcome.count(stage_nodes)
+        del counts["nodes"]
         stage_rows.append({"name": stage["name"], "hosts": list(stage.get("hosts") or []), "counts": counts,
-                           "ran": any(counts[r] for r in RESULTS)})
+                           "ran": any(counts[o] for o in rollout_outcome.OUTCOMES if o != "not_started")})
     for host in sorted(set(records) - planned):
-        nodes.append(dict(records[host], next_step=next_step(records[host])))
-    summary = dict((result, 0) for result in RESULTS + ("not_started",))
-    for node in nodes:
-        summary[node.get("result") or "failed"] = summary.get(node.get("result") or "failed", 0) + 1
-    summary["nodes"] = len(nodes)
-    # A rollback is an event, the result a state: a node rolled back and still flagged counts in both,
-    # so the summary agrees with the rows that say "rolled back to ...".
-    rolled = [n for n in nodes if n.get("result") == "rolled_back" or (n.get("rollback") or {}).get("version")]
-    summary["rollbacks"] = len(rolled)
-    summary["rollbacks_flagged"] = len([n for n in rolled if n.get("result") != "rolled_back"])
-    failed = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "reason": n.get("reason"),
-               "next_step": n.get("next_step")} for n in nodes if n.get("result") in STOPPING]
+        nodes.append(dict(records[host], outcome=rollout_outcome.outcome(records[host]),
+                          next_step=next_step(records[host], inventory)))
+    # One outcome per node (rollout_outcome): a node rolled back and still flagged is that, once.
+    summary = rollout_outcome.count(nodes)
+    failed = [{"node": n["node"], "stage": n.get("stage"), "result": n["result"], "outcome": n["outcome"],
+               "reason": n.get("reason"), "next_step": n.get("next_step")} for n in nodes if n.get("result") in STOPPING]
     stop = (decision or {}).get("stop")
     if decision is not None:
         named = set((stop or {}).get("nodes") or [])
         stopped_by = [entry for entry in failed if entry["node"] in named]
         if (stop or {}).get("code") == "contract_unexplained":
             # The golden node passed; what stops the rollout is what its update changed.
-            stopped_by = [{"node": n["node"], "stage": n.get("stage"), "result": n.get("result"), "reason": stop["reason"],
-                           "next_step": "review the contract changes (docs/contract.md); accept them with "
-                                        "rollout_contract_accept and run the same rollout again, or roll %s back "
-                                        "with rollback.yml --limit %s" % (n["node"], n["node"])}
+            stopped_by = [{"node": n["node"], "stage": n.get("stage"), "result": n.get("result"),
+                           "outcome": n["outcome"], "reason": stop["reason"],
+                           "next_step": _contract_step(n, inventory)}
                           for n in nodes if n["node"] in named]
         status = "stopped" if stop else "completed" if decision.get("action") == "done" else "in_progress"
     else:
         stopped_by = failed
         if stopped_by:
             status = "stopped"
-        elif all(n.get("result") in _DONE for n in nodes) and nodes:
+        elif all(n["outcome"] in _DONE for n in nodes) and nodes:
             status = "completed"
         else:
             status = "in_progress"
@@ -311,14 +309,22 @@ def build_report(plan: Optional[Mapping[str, Any]], records: Mapping[str, Mappin
                              if n.get("stage") == "golden" and isinstance(n.get("evidence"), Mapping))}
 
 
+def _contract_step(node: Mapping[str, Any], inventory: Any) -> Dict[str, str]:
+    """The next step of a golden node whose contract change stops the rollout (it passed; no flag)."""
+    cmd = commands(node, inventory)
+    return {"action": "review_contract",
+            "do": "review the contract changes (docs/contract.md) and accept them with rollout_contract_accept, or "
+                  "roll %s back" % node["node"],
+            "clears": "nothing is flagged: the accepted changes let the rollout go on",
+            "command": cmd["rollout"] + " -e rollout_contract_accept=<the changes>", "resume": cmd["rollback"]}
+
+
 _MARKDOWN = """\
 # Driver rollout {{ r.rollout_id }}
 
 Status: **{{ r.status }}**{{ (': ' ~ (r.stop_reason | md)) if r.stop_reason else '' }}\
 {{ (' (stopped by ' ~ (r.stopped_by | map(attribute='node') | join(', ')) ~ ')') if r.stopped_by else '' }}.
-{{ s.nodes }} nodes: {{ s.upgraded }} upgraded, {{ s.skipped }} already on target, {{ s.rollbacks }} rolled back\
-{{ (' (%d of them still flagged)' % s.rollbacks_flagged) if s.rollbacks_flagged else '' }}, \
-{{ s.flagged }} flagged, {{ s.refused }} refused, {{ s.not_started }} not started.\
+{{ summary_line }}.\
 {{ (' Wall time %.0f s.' % r.wall_s) if r.wall_s is not none else '' }}
 
 {% if r.contract_lines %}
@@ -328,30 +334,43 @@ Hardware contract, decided by each class's golden node:
 {% endfor %}
 
 {% endif %}
-| stage | nodes | upgraded | skipped | rolled back | flagged | refused | not started |
-|---|---:|---:|---:|---:|---:|---:|---:|
+| stage | nodes |{% for o in outcomes %} {{ labels[o] }} |{% endfor %}
+
+|---|---:|{% for o in outcomes %}---:|{% endfor %}
+
 {% for st in r.stages %}
-| {{ st.name }} | {{ st.hosts | length }} | {{ st.counts.upgraded }} | {{ st.counts.skipped }} | {{ st.counts.rolled_back }} | \
-{{ st.counts.flagged }} | {{ st.counts.refused }} | {{ st.counts.not_started }} |
+| {{ st.name }} | {{ st.hosts | length }} |{% for o in outcomes %} {{ st.counts.get(o, 0) }} |{% endfor %}
+
 {% endfor %}
 
 | node | stage | result | before | after | target | time | reason |
 |---|---|---|---|---|---|---:|---|
 {% for n in r.nodes %}
-| {{ n.node | md }} | {{ n.stage | md }} | {{ n.result | md }} | {{ n.before | md }} | {# -#}
+| {{ n.node | md }} | {{ n.stage | md }} | {{ n.outcome | md }} | {{ n.before | md }} | {# -#}
 {{ n.after | md }} | {{ n.target | md }} | {{ n.time | md }} | {{ n.reason | md }} |
 {% endfor %}
 {% if r.quarantined %}
 
 Quarantined (drained and flagged, out of service until cleared):
 {% for q in r.quarantined %}
-- {{ q.node | md }} ({{ q.stage }}): {{ q.result }}: {{ q.reason | md }}{{ (' Next step: ' ~ (q.next_step | md) ~ '.') if q.next_step else '' }}
+- {{ q.node | md }} ({{ q.stage }}): {{ labels[q.outcome] }}: {{ q.reason | md }}
+{% endfor %}
+{% endif %}
+{% if next_steps %}
+
+Next steps (each node out of service, with what clears it and the command that takes it back):
+{% for n in next_steps %}
+- {{ n.node | md }} ({{ labels[n.outcome] }}): {{ n.text | md }}.
 {% endfor %}
 {% endif %}
 {% if r.deferred %}
 
 Deferred (out of service, to do when back): {{ r.deferred | join(', ') }}
 {% endif %}
+{% for name, note in (r.get('skipped_outputs') or {}) | dictsort %}
+
+Not written ({{ name }}): {{ note | md }}.
+{% endfor %}
 {% if r.notes %}
 
 Notes:
@@ -431,7 +450,9 @@ def evidence_lines(evidence: Any) -> List[str]:
 
 
 def render_markdown(report: Mapping[str, Any]) -> str:
-    """The rollout report as Markdown (Jinja2): status, a table per stage, a row per node, notes."""
+    """The rollout report as Markdown (Jinja2): status, the summary line
+    (``rollout_outcome.summary_line``), a table of the stages by outcome, a row per node (its
+    outcome), the quarantined nodes with their next step, notes."""
     env = Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True,
                       trim_blocks=True, lstrip_blocks=True)
     env.filters["md"] = _md
@@ -440,13 +461,15 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         durations = node.get("durations") or {}
         rollback = node.get("rollback") or {}
         reason = node.get("reason") or ""
-        if rollback.get("version"):
+        if rollout_outcome.rollback_installed(node):
             verified = "verified" if rollback.get("ok") else "not verified"
             reason += " → rolled back to %s (%s)" % (rollback["version"], verified)
+        elif rollback.get("version") and node.get("result") in STOPPING:
+            reason += " → not rolled back (last known-good: %s)" % rollback["version"]
         safe_nodes.append({
             "node": node.get("node"),
             "stage": node.get("stage") or "-",
-            "result": node.get("result"),
+            "outcome": node.get("outcome") or rollout_outcome.outcome(node),
             "before": (node.get("before") or {}).get("loaded") or "-",
             "after": (node.get("after") or {}).get("loaded") or "-",
             "target": (node.get("target") or {}).get("version") or "-",
@@ -456,7 +479,11 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     view = dict(report)
     view["nodes"] = safe_nodes
     view["contract_lines"] = contract_lines(report.get("contract") or {}) + evidence_lines(report.get("evidence") or {})
-    return env.from_string(_MARKDOWN).render(r=view, s=report["summary"])
+    steps = [{"node": n.get("node"), "outcome": n.get("outcome") or rollout_outcome.outcome(n),
+              "text": next_step_text(n.get("next_step"))} for n in report["nodes"] if isinstance(n.get("next_step"), Mapping)]
+    return env.from_string(_MARKDOWN).render(r=view, s=report["summary"], labels=rollout_outcome.LABELS, next_steps=steps,
+                                             outcomes=rollout_outcome.shown(report["summary"]),
+                                             summary_line=rollout_outcome.summary_line(report["summary"]))
 
 
 def _load(path: str) -> Optional[Dict[str, Any]]:
@@ -574,15 +601,18 @@ def store_record(directory: str, record: Mapping[str, Any],
     return path
 
 
-def render(directory: str, generated_at: Optional[str] = None, step_end: bool = False) -> Dict[str, Any]:
+def render(directory: str, generated_at: Optional[str] = None, step_end: bool = False,
+           inventory: Any = None) -> Dict[str, Any]:
     """Regenerate the rollout report's files from the plan, the records and the journal (I/O).
 
     Called once per rollout step, not once per record: its cost is linear in the records and
     the journal. Writes ``rollout-report.json``, ``.md``, ``.html`` (one self-contained page,
     ``rollout_html``), ``rollout-report.junit.xml`` (``report_junit``) and
     ``gpufleet_rollout.prom`` (``rollout_prometheus``; only where ``prometheus_client`` is
-    installed), each atomically.
+    installed: else the report's ``skipped_outputs`` says once, in every other format, that it was
+    skipped and how to get it), each atomically.
 
+    :param inventory: the run's ``ansible_inventory_sources`` (the next steps' commands).
     :param step_end: this render ends a step: a ``rendered`` line goes to the journal when a node
         was admitted since the last one (``rollout_timeline.steps`` numbers the steps by them).
     :returns: ``{"report": the report dict, "paths": {"json", "markdown", "html", "junit",
@@ -602,8 +632,11 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
             journal = rollout_journal.fold_lines(lines)
             decision = rollout_budget.decide(rollout_journal.fleet_state(plan, journal),
                                              rollout_budget.normalize_options(plan.get("options") or {}))
-        report = build_report(plan, read_records(directory), generated_at, decision)
+        report = build_report(plan, read_records(directory), generated_at, decision, inventory)
         report["journal"] = journal_health(read)
+        prometheus = os.path.join(directory, rollout_prometheus.FILENAME)
+        report["skipped_outputs"] = {} if prometheus_textfile.available() else {
+            "prometheus": prometheus_textfile.skipped_note(prometheus)}
         for name, filename in (("json", "rollout-report.json"), ("markdown", "rollout-report.md"),
                                ("html", "rollout-report.html"), ("junit", "rollout-report.junit.xml")):
             paths[name] = os.path.join(directory, filename)
@@ -611,8 +644,8 @@ def render(directory: str, generated_at: Optional[str] = None, step_end: bool = 
         write_atomic(paths["markdown"], render_markdown(report) + journal_markdown(report["journal"]))
         write_atomic(paths["html"], rollout_html.render_html(report, lines, plan))
         write_atomic(paths["junit"], report_junit.rollout_junit(report))
-        if prometheus_textfile.available():
-            paths["prometheus"] = os.path.join(directory, rollout_prometheus.FILENAME)
+        if not report["skipped_outputs"]:
+            paths["prometheus"] = prometheus
             rollout_prometheus.write_textfile(paths["prometheus"], report)
     return {"report": report, "paths": paths}
 

@@ -37,7 +37,6 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import 
     node_health,
     unlisted_gpus,
 )
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.xid_catalog import classify
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import contract_decision
 
 #: Stable codes of the verdicts' ``flags`` (a verdict's ``flags`` list uses only these).
@@ -1025,53 +1024,3 @@ def gate_verdict(per_node: Mapping[str, Mapping[str, Any]]) -> Dict[str, Any]:
                 if flag not in result["flags"]:
                     result["flags"].append(flag)
     return result
-
-
-# ---------------------------------------------------------------------------------------------
-# What to do next with a node the rollout left out of service
-# ---------------------------------------------------------------------------------------------
-
-#: Verdict flags that point at the hardware rather than at the driver.
-HARDWARE_FLAGS = ("gpu_count_changed", "gpu_unreadable", "gpu_identity_changed", "no_gpus")
-
-_RETURN = ("when it is fixed, run playbooks/rollback.yml --limit %s: it verifies the node against its snapshot, "
-           "clears the flag (/etc/ansible/facts.d/gpufleet_rollout.fact) and undrains it; then run the rollout again "
-           "with the same rollout_id to resume")
-
-
-def next_step(record: Mapping[str, Any]) -> Optional[str]:
-    """The next step for a node a rollout left out of service, from its report record.
-
-    :param record: a rollout report record (``rollout_report``: ``node``, ``result``, ``flags``,
-        ``new_fatal_xids`` ({Xid: count}), ``rollback`` ({version, ok}), ``reason``).
-    :returns: one sentence: what points where (the hardware for a lost GPU or a fatal Xid whose
-        NVIDIA resolution is a reboot or an inspection, e.g. Xid 79 after the rollback reboot;
-        the driver otherwise), and how to clear the flag and resume; ``None`` for a node that
-        is in service (``upgraded``, ``skipped``, ``not_started``).
-    :raises: nothing.
-    """
-    result = record.get("result")
-    node = record.get("node") or "NODE"
-    if result in (None, "upgraded", "skipped", "not_started"):
-        return None
-    if result == "refused":
-        return "nothing was changed; remove the cause the preflight names, then run the rollout again"
-    if result in ("unreachable", "interrupted"):
-        return ("bring the node back (console or BMC), then run the rollout again with the same rollout_id: it "
-                "resumes the node from its snapshot")
-    flags = set(record.get("flags") or [])
-    hardware_xids = sorted((xid for xid in (record.get("new_fatal_xids") or {})
-                            if str(xid).isdigit() and classify(int(xid))["action"] in ("reboot", "hardware_inspection")),
-                           key=int)
-    rollback = record.get("rollback") or {}
-    where = "on %s" % rollback["version"] if rollback.get("version") else "on the driver it had"
-    if flags & set(HARDWARE_FLAGS) or hardware_xids:
-        evidence = ", ".join(["Xid %s" % xid for xid in hardware_xids] + sorted(flags & set(HARDWARE_FLAGS)))
-        if rollback.get("version") and not rollback.get("ok"):
-            evidence += " after the rollback reboot"
-        return ("look at the hardware (%s): reseat the GPU the reason names by bus id, or RMA it by its serial "
-                "if the fault comes back; the node stays drained %s; %s" % (evidence, where, _RETURN % node))
-    if result == "rolled_back":
-        return ("the node is back %s, drained and flagged: find why the target failed (the reason above) before "
-                "a new attempt; %s" % (where, _RETURN % node))
-    return "fix what the reason names (the driver transaction or its verification); %s" % (_RETURN % node)

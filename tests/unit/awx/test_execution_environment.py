@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 import yaml
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".."))
+REPO_PATH = pathlib.Path(REPO)
 EE_FILE = os.path.join(REPO, "meta", "execution-environment.yml")
 CONTROLLER_DIRS = ("plugins/action", "plugins/filter", "plugins/plugin_utils")
 COLLECTION_PREFIX = "ansible_collections.gpufleet.nvidia."
@@ -92,14 +94,38 @@ def test_ansible_core_and_runner_match_the_test_pins(context):
     assert refs == ["ansible-core==%s" % pins["ansible-core"], "ansible-runner==%s" % pins["ansible-runner"]]
 
 
+def _lines(path):
+    """The lines of a requirements or bindep file that are not blank or comments."""
+    return [line.strip() for line in path.read_text(encoding="utf-8").split("\n")
+            if line.strip() and not line.strip().startswith("#")]
+
+
+def test_the_definition_reads_the_collection_root_files_not_a_second_list(definition, context):
+    """requirements.txt and bindep.txt at the collection root are the one list of controller needs."""
+    assert definition["dependencies"]["python"] == "../requirements.txt"
+    assert definition["dependencies"]["system"] == "../bindep.txt"
+    assert _lines(context / "_build" / "requirements.txt") == _lines(REPO_PATH / "requirements.txt")
+    assert _lines(context / "_build" / "bindep.txt") == _lines(REPO_PATH / "bindep.txt")
+
+
+def test_requirements_are_floors_at_the_tested_versions():
+    """The controller requirements name the versions the tests run, as lower bounds (an execution
+    environment combines them with other collections' requirements: no exact pins)."""
+    pins = _pins(os.path.join(REPO, "requirements-test.txt"))
+    floors = dict(re.match(r"^([A-Za-z0-9_.-]+)>=(\S+)$", line).groups() for line in _lines(REPO_PATH / "requirements.txt"))
+    assert floors == {"prometheus-client": pins["prometheus-client"], "msgspec": pins["msgspec"]}
+    assert floors == {"prometheus-client": "0.26.0", "msgspec": "0.22.0"}
+
+
 def test_system_packages(context):
-    lines = (context / "_build" / "bindep.txt").read_text(encoding="utf-8").split("\n")
-    assert [line for line in lines if line] == ["openssh-clients [platform:rpm]", "kubectl [platform:rpm]"]
+    assert _lines(context / "_build" / "bindep.txt") == ["openssh-clients [platform:rpm]", "openssh-client [platform:dpkg]"]
     containerfile = (context / "Containerfile").read_text(encoding="utf-8")
     repo_step = containerfile.index("/etc/yum.repos.d/kubernetes.repo")
     assert "baseurl=https://pkgs.k8s.io/core:/stable:/v1.34/rpm/" in containerfile
     assert repo_step < containerfile.index("RUN $PKGMGR install $PYPKG")
-    assert repo_step < containerfile.index("RUN /output/scripts/install-from-bindep")
+    # kubectl is this image's own step, in the final image after the repository is known.
+    kubectl = containerfile.index("RUN $PKGMGR install -y kubectl && $PKGMGR clean all")
+    assert repo_step < kubectl and kubectl > containerfile.rindex("FROM ")
 
 
 def test_the_image_sets_a_poll_interval_at_which_the_rollout_does_not_spin_and_keeps_facts_in_ansible_facts(context):
@@ -118,8 +144,8 @@ def test_no_python_requirements_beyond_ansible_core(context):
     new third-party import on the controller side fails here until it is added to the
     execution environment.
     """
-    requirements = (context / "_build" / "requirements.txt").read_text().split()
-    assert requirements == ["prometheus-client==0.26.0", "msgspec==0.22.0"]
+    requirements = _lines(context / "_build" / "requirements.txt")
+    assert requirements == ["prometheus-client>=0.26.0", "msgspec>=0.22.0"]
     seen, third_party = set(), set()
     todo = [os.path.join(REPO, d, f) for d in CONTROLLER_DIRS for f in sorted(os.listdir(os.path.join(REPO, d)))
             if f.endswith(".py")]
@@ -162,21 +188,32 @@ def test_galaxy_stage_installs_the_collection(definition, installed):
                  "playbooks/rollout_step.yml", "playbooks/vars/rollout.yml"):
         assert (collection / path).is_file(), path
     # Kept out by galaxy.yml's build_ignore: ansible-builder would read it as this collection's
-    # dependency list, and its inline lists are not file names (introspection fails on them).
+    # dependency list (and its paths are relative to meta/, not to the collection). Without it,
+    # introspection reads the root's requirements.txt and bindep.txt, which ship.
     assert not (collection / "meta" / "execution-environment.yml").exists()
+    assert _lines(collection / "requirements.txt") == _lines(REPO_PATH / "requirements.txt")
+    assert _lines(collection / "bindep.txt") == _lines(REPO_PATH / "bindep.txt")
     assert [entry["name"] for entry in definition["dependencies"]["galaxy"]["collections"]] == ["collections/gpufleet_nvidia"]
 
 
 def test_builder_stage_introspection(context, installed, tmp_path):
-    """The builder stage's introspect, run on the installed collections, yields the system packages."""
+    """The builder stage's introspect, run on the installed collections, yields the image's packages and
+    the collection's own (read from its requirements.txt and bindep.txt)."""
     out_bindep, out_pip = tmp_path / "bindep.txt", tmp_path / "requirements.txt"
     result = subprocess.run(
         [sys.executable, str(context / "_build" / "scripts" / "introspect.py"), "introspect",
+         "--user-pip=%s" % (context / "_build" / "requirements.txt"),
          "--user-bindep=%s" % (context / "_build" / "bindep.txt"),
          "--write-bindep=%s" % out_bindep, "--write-pip=%s" % out_pip, str(installed)],
         capture_output=True, text=True, check=False, timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    lines = [line for line in out_bindep.read_text(encoding="utf-8").split("\n") if line]
-    assert lines == ["openssh-clients [platform:rpm]  # from collection user", "kubectl [platform:rpm]  # from collection user"]
-    assert not out_pip.exists()
+    bindep = [line for line in out_bindep.read_text(encoding="utf-8").split("\n") if line]
+    pip = [line for line in out_pip.read_text(encoding="utf-8").split("\n") if line]
+    # What any execution environment that includes the installed collection gets from it.
+    assert [line for line in bindep if line.endswith("# from collection gpufleet.nvidia")] == [
+        "openssh-clients [platform:rpm]  # from collection gpufleet.nvidia",
+        "openssh-client [platform:dpkg]  # from collection gpufleet.nvidia"]
+    assert [line for line in pip if line.endswith("# from collection gpufleet.nvidia")] == [
+        "prometheus-client>=0.26.0  # from collection gpufleet.nvidia", "msgspec>=0.22.0  # from collection gpufleet.nvidia"]
+    assert not any("kubectl" in line for line in bindep)

@@ -40,7 +40,9 @@ def test_tarball_ships_what_a_user_runs(members):
                  "plugins/modules/gpu_facts.py", "plugins/module_utils/nvml_names.py",
                  "roles/driver/tasks/main.yml", "roles/driver/README.md", "roles/kernel_hold/README.md",
                  "roles/gpu_policy/README.md", "playbooks/facts.yml", "inventories/example/hosts.yml",
-                 "changelogs/changelog.yaml", "docs/facts.md", "awx/configure.yml", "awx/vars/defaults.yml"):
+                 "changelogs/changelog.yaml", "docs/facts.md", "awx/configure.yml", "awx/vars/defaults.yml",
+                 # The controller's needs, where ansible-builder's introspection and users look for them.
+                 "requirements.txt", "bindep.txt"):
         assert name in members, name
 
 

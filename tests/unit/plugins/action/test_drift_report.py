@@ -9,6 +9,7 @@ classes and the declared state (group_vars), as in production.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -272,3 +273,60 @@ def test_rollout_report_metrics_join_the_textfile_and_a_bad_one_is_refused(fleet
     proc = run_playbook(fleet_dir, *(args + ["-e", "drift_rollout_report=%s" % rollout_dir]))
     assert proc.returncode != 0
     assert "is not a rollout report (no list of nodes)" in proc.stdout + proc.stderr
+
+
+def _without_prometheus_client(tmp_path):
+    """An environment whose Pythons cannot import prometheus_client, as on a controller with ansible-core
+    alone: a module of that name first on PYTHONPATH that raises ImportError (forked workers inherit it)."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "prometheus_client.py").write_text("raise ImportError('No module named prometheus_client')\n")
+    return {"PYTHONPATH": os.pathsep.join([str(hide)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+
+
+def test_default_formats_without_prometheus_client_write_the_others_and_say_so_once(fleet_dir):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
+               **_without_prometheus_client(fleet_dir))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "inventory.yml",
+                           "-e", "ansible_python_interpreter=%s" % sys.executable,
+                           os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=dir",
+                           "-e", "drift_path=%s" % (fleet_dir / "facts"), "-e", "drift_output_dir=out"],
+                          cwd=str(fleet_dir), env=env, capture_output=True, text=True, check=False)
+    out = proc.stdout + proc.stderr
+    # The drift verdict as with prometheus_client: h2 drifted, h3 without facts (exit 2).
+    assert proc.returncode == 2, out
+    assert "4 nodes: 2 in sync, 2 drifted (1 without facts); 1 critical, 8 warning findings" in out
+    written = sorted(os.listdir(str(fleet_dir / "out")))
+    assert written == ["drift-report.html", "drift-report.json", "drift-report.junit.xml", "drift-report.md"]
+    prom = str(fleet_dir / "out" / "gpufleet_drift.prom")
+    note = ("the Prometheus textfile %s was not written: the controller's Python (%s) has no prometheus_client; "
+            "to get it, install the collection's controller requirements (%s -m pip install -r " % (
+                prom, sys.executable, sys.executable))
+    # Once as a warning of the run (the printed Markdown report repeats the report's own line).
+    assert out.count("[WARNING]: drift_report: " + note) == 1, out
+    assert "/gpufleet/nvidia/requirements.txt) and run the report again; every other format was written" in out
+    report = json.loads((fleet_dir / "out" / "drift-report.json").read_text())
+    assert list(report["skipped_outputs"]) == ["prometheus"] and report["skipped_outputs"]["prometheus"].startswith(note)
+    assert os.path.isfile(report["skipped_outputs"]["prometheus"].split(" -m pip install -r ")[1].split(")")[0])
+    for name in ("drift-report.md", "drift-report.html"):
+        assert html.unescape((fleet_dir / "out" / name).read_text()).count(note) == 1, name
+    assert "prometheus" not in (fleet_dir / "out" / "drift-report.junit.xml").read_text().lower()
+
+
+def test_prometheus_asked_for_without_prometheus_client_fails_with_the_clear_message(fleet_dir):
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
+               **_without_prometheus_client(fleet_dir))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "inventory.yml",
+                           "-e", "ansible_python_interpreter=%s" % sys.executable,
+                           os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=dir",
+                           "-e", "drift_path=%s" % (fleet_dir / "facts"), "-e", "drift_output_dir=out",
+                           "-e", '{"drift_formats": ["json", "prometheus"]}'],
+                          cwd=str(fleet_dir), env=env, capture_output=True, text=True, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert ("drift_report: the Prometheus output needs the Python package prometheus_client on the controller "
+            "(pip install prometheus-client), or leave prometheus out of the formats") in out
+    # Nothing judged or written: asked for, the textfile is not skipped.
+    assert not (fleet_dir / "out").exists()

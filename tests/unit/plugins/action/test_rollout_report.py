@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import subprocess
@@ -72,10 +73,10 @@ def test_report_status_stopped_completed_in_progress():
     })
     assert stopped["status"] == "stopped"
     assert [dict(entry, next_step=None) for entry in stopped["stopped_by"]] == [
-        {"node": "a1", "stage": "canary", "result": "rolled_back", "reason": "GPU count changed: 8 before, 7 after",
-         "next_step": None}]
-    assert stopped["summary"]["rollbacks"] == 1 and stopped["summary"]["rollbacks_flagged"] == 0
-    assert stopped["summary"]["not_started"] == 3
+        {"node": "a1", "stage": "canary", "result": "rolled_back", "outcome": "rolled_back",
+         "reason": "GPU count changed: 8 before, 7 after", "next_step": None}]
+    assert (stopped["summary"]["upgraded"], stopped["summary"]["rolled_back"], stopped["summary"]["not_started"],
+            stopped["summary"]["nodes"]) == (1, 1, 3, 5)
     assert [s["ran"] for s in stopped["stages"]] == [True, True, False]
     assert [n["result"] for n in stopped["nodes"]] == ["upgraded", "rolled_back", "not_started", "not_started",
                                                        "not_started"]
@@ -84,7 +85,7 @@ def test_report_status_stopped_completed_in_progress():
     assert rr.build_report(PLAN, {"h1": record("h1", "golden", "upgraded")})["status"] == "in_progress"
 
 
-def test_a_node_rolled_back_then_flagged_counts_as_rolled_back_and_gets_its_next_step():
+def test_a_node_rolled_back_and_still_flagged_is_one_outcome_and_gets_its_next_step():
     """The demo's node06: Xid 79 after the rollback reboot, one GPU lost, left flagged."""
     node06 = record("a1", "canary", "flagged", after="580.126.20",
                     reason="GPU count changed: 8 before, 7 after (gone: GPU 0000:4e:00.0 (serial 1654922000403))",
@@ -92,19 +93,27 @@ def test_a_node_rolled_back_then_flagged_counts_as_rolled_back_and_gets_its_next
                     rollback={"version": "580.126.20", "ok": False})
     report = rr.build_report(PLAN, {"h1": record("h1", "golden", "upgraded"), "a1": node06})
     summary = report["summary"]
-    assert (summary["flagged"], summary["rolled_back"], summary["rollbacks"], summary["rollbacks_flagged"]) == (1, 0, 1, 1)
+    assert (summary["rolled_back_flagged"], summary["flagged"], summary["rolled_back"], summary["nodes"]) == (1, 0, 0, 5)
+    assert [n["outcome"] for n in report["nodes"]] == ["upgraded", "rolled_back_flagged", "not_started", "not_started",
+                                                       "not_started"]
+    assert report["stages"][1]["counts"]["rolled_back_flagged"] == 1 and report["stages"][1]["counts"]["flagged"] == 0
     step = report["nodes"][1]["next_step"]
-    assert step.startswith("look at the hardware (Xid 79, gpu_count_changed after the rollback reboot): reseat")
-    assert "RMA" in step and "playbooks/rollback.yml --limit a1" in step and "same rollout_id" in step
+    # No GPU list in this record: the catalog's action for Xid 79 (reboot), escalated, as the node rebooted.
+    assert step["action"] == "hardware_inspection"
+    assert step["do"].startswith("reseat the GPU the reason names and check its power and riser, or RMA it")
+    assert "Xid 79 (GPU has fallen off the bus; NVIDIA: RESTART_BM); still there after the node's reboot" in step["do"]
+    assert step["command"] == "ansible-playbook gpufleet.nvidia.rollback -i <inventory> -e rollback_hosts=a1"
+    assert step["resume"] == "ansible-playbook gpufleet.nvidia.rollout -i <inventory> -e rollout_id=driver-ltsb"
     assert report["nodes"][0]["next_step"] is None
     text = rr.render_markdown(report)
-    assert "5 nodes: 1 upgraded, 0 already on target, 1 rolled back (1 of them still flagged), 1 flagged," in text
+    assert ("5 nodes: 1 upgraded, 0 already on target, 0 rolled back, 1 rolled back and still flagged, 0 flagged, "
+            "0 refused, 3 not started.") in text
     assert "- a1 (canary): flagged: GPU count changed" not in text  # no decision: no quarantine list
     # A verified rollback is a rolled_back result, with the driver as the place to look.
     back = rr.build_report(PLAN, {"a1": record("a1", "canary", "rolled_back", flags=["version_not_loaded"],
                                                rollback={"version": "580.126.20", "ok": True})})
-    assert back["summary"]["rollbacks"] == 1 and back["summary"]["rollbacks_flagged"] == 0
-    assert back["nodes"][1]["next_step"].startswith("the node is back on 580.126.20, drained and flagged")
+    assert (back["summary"]["rolled_back"], back["summary"]["rolled_back_flagged"]) == (1, 0)
+    assert back["nodes"][1]["next_step"]["do"].startswith("the node is back on 580.126.20, verified, drained and flagged")
 
 
 def test_markdown_rows_and_notes():
@@ -117,8 +126,9 @@ def test_markdown_rows_and_notes():
     text = rr.render_markdown(report)
     assert "Status: **stopped** (stopped by a1)." in text
     assert "| h1 | golden | upgraded | 580.126.20 | 620.82.01 | 620.82.01 | 119 s | - |" in text
-    assert "| a1 | canary | flagged | 580.126.20 | 620.82.01 | 620.82.01 | 60 s | a\\|b → rolled back to 580.126.20 " \
-           "(not verified) |" in text
+    # A rollback version was chosen but never installed (the node still runs the target): flagged, not rolled back.
+    assert "| a1 | canary | flagged | 580.126.20 | 620.82.01 | 620.82.01 | 60 s | a\\|b → not rolled back " \
+           "(last known-good: 580.126.20) |" in text
     assert "| l1 | waves | not_started | - | - | - | - | - |" in text
     assert "- v1: ltsb resolves to R580 for Volta" in text
 
@@ -290,7 +300,7 @@ def test_a_golden_nodes_contract_change_is_in_the_first_lines_and_decides_its_cl
     assert report["stop_reason"].startswith("contract change unexplained on golden node h1 (class gpu_h100): "
                                             "reserved memory 480 → 544 MiB on 8 GPUs")
     assert [(s["node"], s["stage"], s["result"]) for s in report["stopped_by"]] == [("h1", "golden", "upgraded")]
-    assert "rollout_contract_accept" in report["stopped_by"][0]["next_step"]
+    assert "rollout_contract_accept" in report["stopped_by"][0]["next_step"]["command"]
     text = rr.render_markdown(report)
     head = text.split("| stage |")[0]
     assert head.endswith("Wall time 60 s.\n\nHardware contract, decided by each class's golden node:\n"
@@ -379,3 +389,73 @@ def test_a_record_with_a_fail_msg_is_written_then_fails_its_host(tmp_path):
     assert stored["result"] == "rolled_back" and stored["reason"] == "Xid 79 after reboot"
     journal = (tmp_path / "rep" / "journal.jsonl").read_text() if (tmp_path / "rep" / "journal.jsonl").exists() else ""
     assert '"node": "n2"' in journal and '"status": "failed"' in journal
+
+
+def test_render_without_prometheus_client_writes_every_other_format_and_says_so_once(tmp_path, monkeypatch):
+    """A controller with ansible-core and the collection alone: the rollout's files, less the textfile."""
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import prometheus_client raises ImportError
+    directory = str(tmp_path / "report")
+    rr.write_plan(directory, PLAN)
+    rr.store_record(directory, record("h1", "golden", "upgraded"))
+    done = rr.render(directory)
+    assert sorted(done["paths"]) == ["html", "json", "junit", "markdown"]
+    assert sorted(os.listdir(directory)) == [".lock", "nodes", "plan.json", "rollout-report.html", "rollout-report.json",
+                                             "rollout-report.junit.xml", "rollout-report.md"]
+    note = done["report"]["skipped_outputs"]["prometheus"]
+    assert note.startswith("the Prometheus textfile %s/gpufleet_rollout.prom was not written: the controller's Python "
+                           "(%s) has no prometheus_client; to get it, install the collection's controller requirements "
+                           "(%s -m pip install -r " % (directory, sys.executable, sys.executable))
+    assert note.endswith("/gpufleet/nvidia/requirements.txt) and run the report again; every other format was written")
+    with open(os.path.join(directory, "rollout-report.json")) as handle:
+        assert json.load(handle)["skipped_outputs"] == {"prometheus": note}
+    for name in ("rollout-report.md", "rollout-report.html"):
+        with open(os.path.join(directory, name)) as handle:
+            assert html.unescape(handle.read()).count(note) == 1, name
+    # With prometheus_client, nothing is skipped and the textfile is written.
+    monkeypatch.delitem(sys.modules, "prometheus_client")
+    again = rr.render(directory)
+    assert again["report"]["skipped_outputs"] == {} and os.path.isfile(again["paths"]["prometheus"])
+
+
+def test_action_render_warns_once_without_prometheus_client_and_not_at_steps(tmp_path):
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "prometheus_client.py").write_text("raise ImportError('No module named prometheus_client')\n")
+    playbook = tmp_path / "pb.yml"
+    playbook.write_text(
+        "- name: Report\n"
+        "  hosts: localhost\n"
+        "  gather_facts: false\n"
+        "  tasks:\n"
+        "    - name: Record\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: record\n"
+        "        report_dir: rep\n"
+        "        record: {node: n1, stage: golden, result: upgraded, target: {version: '620.82.01'}}\n"
+        "    - name: Render a step\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: render\n"
+        "        report_dir: rep\n"
+        "        warn_skipped: false\n"
+        "    - name: Render the last time\n"
+        "      gpufleet.nvidia.rollout_report:\n"
+        "        state: render\n"
+        "        report_dir: rep\n"
+        "      register: rendered\n"
+        "    - name: Show\n"
+        "      ansible.builtin.debug:\n"
+        "        msg: \"RESULT {{ {'skipped': rendered.skipped_outputs, 'paths': rendered.paths} | to_json }}\"\n"
+    )
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="False",
+               ANSIBLE_INVENTORY_UNPARSED_WARNING="False", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               PYTHONPATH=str(hide))
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"),
+                           "-e", "ansible_python_interpreter=%s" % sys.executable, str(playbook)],
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert out.count("[WARNING]: rollout_report: the Prometheus textfile %s was not written" % (
+        tmp_path / "rep" / "gpufleet_rollout.prom")) == 1, out
+    result = json.loads(proc.stdout.split("RESULT ", 1)[1].split("\n")[0].rstrip('"').replace('\\"', '"'))
+    assert sorted(result["paths"]) == ["html", "json", "junit", "markdown"]
+    assert list(result["skipped"]) == ["prometheus"]

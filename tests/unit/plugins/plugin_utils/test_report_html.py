@@ -173,7 +173,7 @@ def test_rollout_junit_and_metrics_written_at_render(tmp_path):
     assert len(cases) == 8 and root.get("failures") == "1"
     failure = cases["node06"].find("failure")
     assert failure.get("type") == "rolled_back"
-    assert failure.get("message") == "rolled_back: GPU count changed: 8 before, 7 after; Xid 79 on 0000:4e:00.0"
+    assert failure.get("message") == "rolled back: GPU count changed: 8 before, 7 after; Xid 79 on 0000:4e:00.0"
     assert "rolled back to 580.126.20 (verified)" in failure.text
     assert cases["node01"].get("classname") == "gpu_h100" and cases["node01"].get("time") == "240.0"
     text = open(done["paths"]["prometheus"], encoding="utf-8").read()
@@ -213,6 +213,6 @@ def test_rollout_page_of_a_stopped_rollout_says_why_first():
     assert "driver &lt;b&gt;620&lt;/b&gt; did not load" in text
     # A node not started keeps its class from the plan; the JUnit file skips it.
     assert report["nodes"][1] == {"node": "h2", "stage": "waves", "result": "not_started", "class": "gpu_h100",
-                                  "next_step": None}
+                                  "outcome": "not_started", "next_step": None}
     skipped = ET.fromstring(report_junit.rollout_junit(report)).find(".//testcase[@name='h2']/skipped")
-    assert skipped.get("message") == "not_started: not started yet"
+    assert skipped.get("message") == "not started: not started yet"

@@ -95,7 +95,8 @@ def test_rollout_report_renders_in_chromium(pages):
     tool = chromium()
     dom, log = browse(tool, pages["profile"], pages["rollout"], "--dump-dom")
     assert console_errors(log) == []
-    assert "<b>Completed</b>: 7 upgraded, 0 already on target, 1 quarantined." in dom
+    assert ("<b>Completed</b>: 8 nodes: 7 upgraded, 0 already on target, 1 rolled back, 0 rolled back and still "
+            "flagged, 0 flagged, 0 refused, 0 not started; 1 quarantined.") in dom
     assert "<li>reserved memory 545 → 612 MiB on 8 GPUs</li>" in dom
     assert dom.count('<path d="M') == 4 and 'id="timeline"' in dom
     log, size, length = screenshot(tool, pages["profile"], pages["rollout"], "rollout-report")
