@@ -18,6 +18,9 @@ Accepted line formats (mixed freely):
   ``[ 1234.567890]`` after ``kernel:``; ``journalctl -o short-monotonic``:
   ``[ 1234.567890] host kernel: NVRM: ...``. Such a line may itself be wrapped in text
   (an alerting system's "Error: May 19 07:08:57 host kernel: ..."), which is skipped;
+- ``/dev/kmsg`` records (``6,3964,206764307,-;NVRM: ...``: level, sequence number, microseconds
+  since boot, flags, then the message), as agents that read the kernel's ring buffer keep them;
+- a syslog line cut to ``kernel: NVRM: ...`` (time and host left out);
 - Talos Linux (``talosctl dmesg``): ``node-a: kern: warning: [2026-04-22T21:30:51.870495804Z]:
   NVRM: ...`` (the node, facility and level, then the RFC 3339 wall time in brackets);
 - ``journalctl`` boot separators (``-- Boot 3f2a... --``, ``-- Reboot --``).
@@ -107,6 +110,8 @@ _MONO = re.compile(r"^\[\s*(?P<mono>\d+\.\d+)\]\s?")
 _CTIME = re.compile(r"^\[(?P<wall>" + _DOW + " " + _MON + r" {1,2}\d{1,2} \d\d:\d\d:\d\d \d{4})\]\s?")
 _ISO = re.compile(r"^(?P<wall>" + _ISO_TIME + r")\s")
 _LEVEL = re.compile(r"^<\d+>")
+# /dev/kmsg: "<priority>,<sequence>,<microseconds since boot>,<flags>[,...];<message>" (Documentation/ABI/testing/dev-kmsg).
+_KMSG = re.compile(r"^(?P<prio>\d+),\d+,(?P<usec>\d+),[^;]*;")
 _DECODE = re.compile(r"^[a-z]+\s*:[a-z]+\s*: ")
 _KERNEL_TAG = re.compile(r"^\S+ kernel: ")
 _BOOT_MARK = re.compile(r"^-- (?:Boot [0-9a-f]+|Reboot) --")
@@ -210,6 +215,9 @@ def _split_prefix(line: str) -> Tuple[Optional[float], Optional[str], str, bool]
     talos = _TALOS.match(line)
     if talos:
         return None, talos.group("wall"), line[talos.end():].strip(), True
+    kmsg = _KMSG.match(line)
+    if kmsg:
+        return int(kmsg.group("usec")) / 1e6, None, line[kmsg.end():].strip(), True
     rest = _DECODE.sub("", _LEVEL.sub("", line, count=1), count=1)
     mono = None  # type: Optional[float]
     wall = None  # type: Optional[str]
@@ -233,6 +241,8 @@ def _split_prefix(line: str) -> Tuple[Optional[float], Optional[str], str, bool]
         if match:
             mono = float(match.group("mono"))
             rest = rest[match.end():]
+    if rest.startswith("kernel: "):
+        rest = rest[len("kernel: "):]
     return mono, wall, rest.strip(), (mono is not None or wall is not None)
 
 

@@ -51,7 +51,12 @@ INFORMATIONAL = tuple(re.compile(pattern) for pattern in (
     r"^nvidia: loading out-of-tree module taints kernel",          # kernel taint notes
     r"^nvidia: module license .* taints kernel",
     r"^nvidia: module verification failed: signature and/or required key missing - tainting kernel",
-    r"^nvidia_uvm: module uses symbols .* from proprietary module nvidia, inheriting taint",
+    r"^nvidia_uvm: module uses symbols (?:.* )?from proprietary module nvidia, inheriting taint",
+    r"^nvidia-uvm: Unloaded the UVM driver",                       # module unloads
+    r"^nvidia-modeset: Unloading",
+    r"^\[drm\] \[nvidia-drm\] \[GPU ID 0x[0-9a-fA-F]+\] Unloading driver",
+    r"^nvidia-nvswitch\d*: (?:using MSI|open \(major=\d+\)|close)",  # switch device opened by Fabric Manager
+    r"^nvidia-nvlink: nvlink driver (?:open|close)",
     r"^nvidia \S+: (?:enabling device|vgaarb:|PCI INT|irq \d+|Adding to iommu group)",  # PCI core, per device
     r"^\[drm\] \[nvidia-drm\] \[GPU ID 0x[0-9a-fA-F]+\] Loading driver",
     r"^\[drm\] Initialized nvidia-drm",
@@ -75,7 +80,7 @@ MAX_LINES = 16
 
 _LEVEL_NAMES = {"emerg": 0, "alert": 1, "crit": 2, "err": 3, "warn": 4, "warning": 4, "notice": 5, "info": 6,
                 "debug": 7}
-_RAW_LEVEL = re.compile(r"^<(?P<n>\d+)>")
+_RAW_LEVEL = re.compile(r"^<(?P<n>\d+)>|^(?P<kmsg>\d+),\d+,\d+,[^;]*;")
 _DECODED_LEVEL = re.compile(r"^[a-z]+\s*:(?P<name>[a-z]+)\s*: ")
 _TALOS_LEVEL = re.compile(r"^\S+: [a-z]+: (?P<name>[a-z]+): \[")
 _BUS = re.compile(r"\b(?:PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")
@@ -89,7 +94,7 @@ def _level(first_line: str) -> Optional[int]:
     """The syslog level (0 emerg … 7 debug) the line printed, or ``None``."""
     match = _RAW_LEVEL.match(first_line)
     if match:
-        return int(match.group("n")) & 7
+        return int(match.group("n") or match.group("kmsg")) & 7
     match = _DECODED_LEVEL.match(first_line) or _TALOS_LEVEL.match(first_line)
     if match:
         return _LEVEL_NAMES.get(match.group("name"))
@@ -113,11 +118,12 @@ def unrecognised_lines(text: Optional[str]) -> Dict[str, Any]:
         "warning" | "info", "pci_bus_id": str | None, "blob": bool}] (the first
         :data:`MAX_LINES`), "by_source": {"NVRM" | "nvidia-nvswitch" | ...: count},
         "context_lines": int (lines read as the context of an error, see the module docstring),
-        "informational_lines": int, "nvidia_lines": int (all NVIDIA module messages)}``.
+        "informational_lines": int, "read_lines": int (taken by a reader), "nvidia_lines": int (all
+        NVIDIA module messages: read + informational + context + unrecognised)}``.
     :raises: nothing.
     """
     result = {"count": 0, "error_count": 0, "lines": [], "by_source": {}, "context_lines": 0,
-              "informational_lines": 0, "nvidia_lines": 0}  # type: Dict[str, Any]
+              "informational_lines": 0, "read_lines": 0, "nvidia_lines": 0}  # type: Dict[str, Any]
     context_until = None  # type: Optional[Tuple[str, float]]
     for first_line, message, mono, wall, marker in kernel_log.records(text):
         if marker:
@@ -130,6 +136,7 @@ def unrecognised_lines(text: Optional[str]) -> Dict[str, Any]:
         result["nvidia_lines"] += 1
         when = _seconds(mono, wall)
         if not blob and any(pattern.search(message) for pattern in _READ):
+            result["read_lines"] += 1
             if any(pattern.search(message) for pattern in _OPENS_CONTEXT):
                 context_until = (when[0], when[1] + CONTEXT_S) if when else ("none", 0.0)
             continue

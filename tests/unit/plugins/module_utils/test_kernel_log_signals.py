@@ -296,3 +296,13 @@ def test_gpu_fabric_state_decides_usable(fabric, usable):
     if not usable:
         assert health["gpus"][0]["action"] == "reset_gpu"
         assert "nvidia-fabricmanager" in health["gpus"][0]["signals"][0]["reason"]
+
+
+def test_dev_kmsg_records_and_bare_kernel_prefix_are_read():
+    kmsg = "3,3964,206764307,-;NVRM: Xid (PCI:0000:18:00): 79, pid=0, GPU has fallen off the bus.\n"
+    events = kernel_log.parse_kernel_log(kmsg)["events"]
+    assert [(e["xid"], e["time"], e["pci_bus_id"]) for e in events] == [(79, 206.764307, "0000:18:00.0")]
+    found = kernel_log_coverage.unrecognised_lines("3,3965,206764400,-;NVRM: GPU 0000:18:00.0: a new failure\n")
+    assert [entry["level"] for entry in found["lines"]] == ["error"]  # priority 3: err
+    bare = kernel_log_coverage.unrecognised_lines("kernel: nvidia-modeset: Loading NVIDIA Kernel Mode Setting Driver\n")
+    assert (bare["nvidia_lines"], bare["informational_lines"], bare["count"]) == (1, 1, 0)
