@@ -181,6 +181,17 @@ def _driver_step(record: Mapping[str, Any], inventory: Any) -> Dict[str, str]:
                 "do": "look at the GPUs the reason names (%s): reseat the one it names by bus id, or RMA it by its "
                       "serial if the fault comes back" % ", ".join(sorted(flags & set(HARDWARE_FLAGS))),
                 "clears": clears + " once the GPU is fixed", "command": cmd["rollback"], "resume": cmd["rollout"]}
+    if "health_unknown" in flags:
+        return {"action": "read_unrecognised",
+                "do": "read the kernel-log lines of the NVIDIA modules that the reason lists: no rule of this "
+                      "collection reads them, so the node could not be verified; fix what they name (or report the "
+                      "lines), the node stays %s until then" % where,
+                "clears": clears, "command": cmd["rollback"], "resume": cmd["rollout"]}
+    if "gpu_degraded" in flags:
+        return {"action": "check_clocks",
+                "do": "look at the cooling and power delivery of the GPUs the reason names (their clocks are held "
+                      "down by hardware: HW slowdown, power brake or thermal); the node stays %s until then" % where,
+                "clears": clears, "command": cmd["rollback"], "resume": cmd["rollout"]}
     if problems:
         first = problems[0]
         return {"action": _text(first.get("kind")) or "node_problem", "do": _text(first.get("remedy")),

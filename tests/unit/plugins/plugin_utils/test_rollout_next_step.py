@@ -104,6 +104,17 @@ def test_node_problem_remedy_and_driver_failures():
                               "-e driver_version=620.82.01"
 
 
+@pytest.mark.parametrize("flag, action, words", [
+    ("health_unknown", "read_unrecognised", "no rule of this collection reads them"),
+    ("gpu_degraded", "check_clocks", "held down by hardware"),
+])
+def test_verification_refused_for_what_was_not_understood_or_held_down(flag, action, words):
+    step = ns.next_step({"node": "n4", "result": "rolled_back", "flags": [flag],
+                         "rollback": {"version": "580.126.20", "ok": True}})
+    assert step["action"] == action and words in step["do"] and "on 580.126.20" in step["do"]
+    assert step["command"].startswith("ansible-playbook gpufleet.nvidia.rollback")
+
+
 def test_refused_unreachable_and_in_service():
     refused = ns.next_step({"node": "n4", "result": "refused", "flags": ["fatal_xid"], "reason": "a fatal Xid is in the log",
                             "rollout_id": "r"})
