@@ -284,15 +284,20 @@ def _without_prometheus_client(tmp_path):
     return {"PYTHONPATH": os.pathsep.join([str(hide)] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
 
 
-def test_default_formats_without_prometheus_client_write_the_others_and_say_so_once(fleet_dir):
+def _drift_playbook_without_prometheus_client(fleet_dir, *extra):
+    """playbooks/drift_report.yml over the fleet's fact directory with prometheus_client hidden: the process."""
     env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
                ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
                **_without_prometheus_client(fleet_dir))
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "inventory.yml",
+    return subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "inventory.yml",
                            "-e", "ansible_python_interpreter=%s" % sys.executable,
                            os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=dir",
-                           "-e", "drift_path=%s" % (fleet_dir / "facts"), "-e", "drift_output_dir=out"],
+                           "-e", "drift_path=%s" % (fleet_dir / "facts"), "-e", "drift_output_dir=out"] + list(extra),
                           cwd=str(fleet_dir), env=env, capture_output=True, text=True, check=False)
+
+
+def test_default_formats_without_prometheus_client_write_the_others_and_say_so_once(fleet_dir):
+    proc = _drift_playbook_without_prometheus_client(fleet_dir)
     out = proc.stdout + proc.stderr
     # The drift verdict as with prometheus_client: h2 drifted, h3 without facts (exit 2).
     assert proc.returncode == 2, out
@@ -315,15 +320,7 @@ def test_default_formats_without_prometheus_client_write_the_others_and_say_so_o
 
 
 def test_prometheus_asked_for_without_prometheus_client_fails_with_the_clear_message(fleet_dir):
-    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
-               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False",
-               **_without_prometheus_client(fleet_dir))
-    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", "inventory.yml",
-                           "-e", "ansible_python_interpreter=%s" % sys.executable,
-                           os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=dir",
-                           "-e", "drift_path=%s" % (fleet_dir / "facts"), "-e", "drift_output_dir=out",
-                           "-e", '{"drift_formats": ["json", "prometheus"]}'],
-                          cwd=str(fleet_dir), env=env, capture_output=True, text=True, check=False)
+    proc = _drift_playbook_without_prometheus_client(fleet_dir, "-e", '{"drift_formats": ["json", "prometheus"]}')
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
     assert ("drift_report: the Prometheus output needs the Python package prometheus_client on the controller "
