@@ -342,7 +342,9 @@ def test_slurm_reboot_into_a_failing_driver_never_takes_a_job(slurm_rollouts, fi
     code, log = rollouts.rollout("slurm-f", "node02", "-e", "node_upgrade_drain=slurm_reboot")
     assert code == 2, log[-4000:]
     record = rollouts.record("slurm-f", "node02")
-    assert record["result"] == "rolled_back" and "gpu_count_changed" in record["flags"], record
+    # The GPU stays lost on the last known-good driver too: rolled back, not verified there, flagged.
+    assert record["result"] == "flagged" and {"gpu_unreadable", "gpu_count_changed"} & set(record["flags"]), record
+    assert record["rollback"]["version"] == BASELINE, record["rollback"]
     assert rollouts.flag("node02")["rollout_id"] == "slurm-f"
     node02 = rollouts.slurm_node("node02")
     assert node02["drain"] or _base_state(rollouts, "node02") == "DOWN", node02
