@@ -24,6 +24,7 @@ from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import (
     branch_of,
     new_facts,
+    new_gpu,
 )
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_headline import node_headline
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.kernel_log import (
@@ -99,10 +100,14 @@ def _gpus_from_smi(inputs: Dict[str, Any], warnings: List[str], capture: bool) -
         if not text:
             continue
         failure = smi_messages.parse_nvidia_smi_error(text)
-        if failure["nvml_error"] and "<nvidia_smi_log" not in text and "Attached GPUs" not in text:
+        report = "<nvidia_smi_log" in text or "Attached GPUs" in text
+        if failure["nvml_error"] and not report:
             # nvidia-smi printed its failure instead of a report: evidence, not a parse error.
             inputs.setdefault("smi_error", text)
             return None
+        answers = smi_messages.parse_smi_answers(text)
+        if answers["answered"] and not report:
+            return _gpus_from_smi_answers(answers)
         try:
             return parser(text)
         except SmiParseError as err:
@@ -111,6 +116,19 @@ def _gpus_from_smi(inputs: Dict[str, Any], warnings: List[str], capture: bool) -
             warnings.append("nvidia-smi output could not be parsed: %s" % err)
             return None
     return None
+
+
+def _gpus_from_smi_answers(answers: Dict[str, Any]) -> Dict[str, Any]:
+    """The GPUs nvidia-smi's own answer names (smi_messages.parse_smi_answers): none for "No devices
+    were found", one unreadable record per "Unable to determine the device handle" line."""
+    gpus = []
+    for index, entry in enumerate(answers["unreadable"]):
+        gpu = new_gpu(index)
+        gpu.update(pci_bus_id=entry["pci_bus_id"], readable=False, errors=[entry["error"]])
+        gpus.append(gpu)
+    said = "nvidia-smi: No devices were found" if answers["no_devices"] else \
+        "nvidia-smi could not open %s" % ", ".join("GPU %s (%s)" % (e["pci_bus_id"], e["error"]) for e in answers["unreadable"])
+    return {"gpus": gpus, "attached_gpus": None, "driver": {}, "warnings": [said]}
 
 
 def _annotate_xids(events: List[Dict[str, Any]], gpus: List[Dict[str, Any]]) -> None:

@@ -47,6 +47,11 @@ _NULL_WORDS = frozenset(
 )
 
 _NUMBER = re.compile(r"^\s*(-?\d+(?:\.\d+)?)")
+# The one rule for an annotation nvidia-smi prints after a value, or instead of one: a trailing
+# "[...]" is dropped ("610.57.04 [Deprecated; will be removed in CUDA 14.0. Use KMD Version
+# instead]" → "610.57.04", R610), and a value that is nothing but "[...]" is no value ("[N/A]",
+# "[Not Supported]", "[Requested functionality has been deprecated]", "[Unknown Error]").
+_ANNOTATED = re.compile(r"^(?P<value>.*?)\s*\[[^\[\]]*\]$")
 
 
 def null_if_na(value: Optional[str]) -> Optional[str]:
@@ -54,9 +59,11 @@ def null_if_na(value: Optional[str]) -> Optional[str]:
 
     :param value: a text value as printed by ``nvidia-smi`` (``"N/A"``, ``"[Not Supported]"``, ...)
         or ``None``.
-    :returns: the stripped text, or ``None`` for "N/A", "[N/A]", "[Not Supported]",
-        "[Requested functionality has been deprecated]", "[Unknown Error]",
-        "[Insufficient Permissions]", empty text and ``None``.
+    :returns: the stripped text without a trailing ``[...]`` annotation (``"610.57.04 [Deprecated;
+        ...]"`` → ``"610.57.04"``, one rule for every key), or ``None`` for "N/A", "[N/A]", "[Not
+        Supported]", "[Requested functionality has been deprecated]", "[Unknown Error]",
+        "[Insufficient Permissions]", any other value that is nothing but ``[...]``, empty text
+        and ``None``.
     :raises: nothing.
     """
     if value is None:
@@ -64,6 +71,11 @@ def null_if_na(value: Optional[str]) -> Optional[str]:
     text = value.strip()
     if text.lower() in _NULL_WORDS:
         return None
+    annotated = _ANNOTATED.match(text)
+    if annotated:
+        text = annotated.group("value").strip()
+        if text.lower() in _NULL_WORDS:
+            return None
     return text
 
 

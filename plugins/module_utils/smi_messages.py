@@ -97,6 +97,35 @@ def parse_nvidia_smi_error(text: Optional[str]) -> Dict[str, Optional[str]]:
     return result
 
 
+_NO_DEVICES = re.compile(r"^\s*(?:nvidia-smi:\s*)?No devices were found\s*$", re.IGNORECASE | re.MULTILINE)
+_NO_HANDLE = re.compile(r"Unable to determine the device handle for (?:GPU\s*)?(?P<bus>[0-9A-Fa-f:.]+):\s*(?P<error>.+?)\s*$",
+                        re.MULTILINE)
+
+
+def parse_smi_answers(text: Optional[str]) -> Dict[str, Any]:
+    """nvidia-smi's own answers when it prints no report: facts, not a file that cannot be read.
+
+    * ``No devices were found``: NVML initialised and enumerated no GPU (a GPU that failed to
+      initialise, field case 38; no GPU bound to the driver);
+    * ``Unable to determine the device handle for GPU0000:91:00.0: Unknown Error``: that GPU is
+      enumerated and cannot be opened (``nvmlDeviceGetHandleByIndex`` failed; field case 37, after
+      Xid 79), while nvidia-smi goes on with the others.
+
+    :param text: what nvidia-smi printed, or ``None``.
+    :returns: ``{"no_devices": bool, "unreadable": [{"pci_bus_id": "0000:91:00.0", "error": "Unknown
+        Error"}], "answered": bool (either was found)}``.
+    :raises: nothing.
+    """
+    text = text or ""
+    unreadable = []
+    for match in _NO_HANDLE.finditer(text):
+        bus = normalize_pci_bus_id(match.group("bus"))
+        if bus:
+            unreadable.append({"pci_bus_id": bus, "error": match.group("error")})
+    no_devices = bool(_NO_DEVICES.search(text))
+    return {"no_devices": no_devices, "unreadable": unreadable, "answered": no_devices or bool(unreadable)}
+
+
 # nvidia-smi message shapes (field cases 13, 14, 15).
 _SMI_LINE_RULES = (
     (re.compile(r"Insufficient Permissions", re.I), "no_permission"),

@@ -299,7 +299,8 @@ def _power(element: ElementTree.Element) -> Dict[str, Optional[float]]:
         return new_gpu(0)["power"]
 
     def watts(*names: str) -> Optional[float]:
-        return parse_number(_first_value(section, *names))
+        # R610 moved the limits under <gpu_ceiling_power_limit> ("GPU Ceiling Power Limit" in -q text).
+        return parse_number(_first_value(section, *(names + tuple("gpu_ceiling_power_limit/" + n for n in names))))
 
     return {
         "limit_w": watts("current_power_limit", "enforced_power_limit", "power_limit"),
