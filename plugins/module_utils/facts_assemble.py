@@ -264,6 +264,7 @@ def assemble_facts(raw: Dict[str, Any], capture: bool = False) -> Dict[str, Any]
         facts["gpus"] = smi["gpus"]
         facts["attached_gpus"] = smi.get("attached_gpus")
         facts["warnings"].extend(smi.get("warnings", []))
+        facts["unparsed"] = smi.get("unparsed")
         driver["userspace_version"] = smi["driver"].get("userspace_version")
         driver["cuda_driver_version"] = smi["driver"].get("cuda_driver_version")
     # Unknown stays unknown: without an answer from NVML or nvidia-smi the GPUs were not counted.

@@ -158,7 +158,8 @@ def new_gpu(index: int) -> Dict[str, Any]:
     ``architecture``, ``vbios_version``), modes (``persistence_mode`` bool, ``compute_mode`` str),
     ``power`` (watts), ``ecc``, ``remapped_rows``, ``retired_pages``, ``mig``, ``clocks`` (MHz),
     ``clocks_event_reasons`` (list of names), ``temperature_c``, ``memory`` (MiB), ``pcie``,
-    ``utilization_gpu_pct``, ``processes``, ``readable`` (False when the GPU could not be read at
+    ``utilization_gpu_pct``, ``processes``, ``fabric`` (NVLink fabric registration: ``state``,
+    ``status``, ``clique_id``, ``cluster_uuid``; smi_xml._fabric), ``readable`` (False when the GPU could not be read at
     all, e.g. NVML GpuIsLost) and ``errors`` (list of str).
     """
     return {
@@ -170,6 +171,7 @@ def new_gpu(index: int) -> Dict[str, Any]:
         "pci_device_id": None,
         "architecture": None,
         "vbios_version": None,
+        "fabric": {"state": None, "status": None, "clique_id": None, "cluster_uuid": None},
         "readable": True,
         "errors": [],
         "persistence_mode": None,
@@ -307,6 +309,7 @@ def new_facts(source: str = "none") -> Dict[str, Any]:
         "driver_messages": [],
         "sxid_events": [],
         "kernel_log_unrecognised": None,
+        "unparsed": None,
         "node": new_node(),
         "unsupported": [],
         "warnings": [],

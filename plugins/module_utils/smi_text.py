@@ -151,7 +151,7 @@ def parse_nvidia_smi_text(text: Any) -> Dict[str, Any]:
         raise SmiParseError(
             "expected 'Key : Value' lines after the nvidia-smi -q banner at line %d; found none before the end "
             "(line %d)" % (start + 1, len(lines)))
-    result = facts_from_smi_tree(root)
+    result = facts_from_smi_tree(root, "smi-text")
     result["warnings"] = (warnings + gpu_count_warnings(result["attached_gpus"], len(result["gpus"]), "GPU section")
                           + tree_warnings)
     return result

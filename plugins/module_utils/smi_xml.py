@@ -123,30 +123,111 @@ def parse_nvidia_smi_xml(text: Any) -> Dict[str, Any]:
 # Shared between the XML and the text parser
 # --------------------------------------------------------------------------------------------
 
-def facts_from_smi_tree(root: ElementTree.Element) -> Dict[str, Any]:
+def facts_from_smi_tree(root: ElementTree.Element, fmt: str = "smi-xml") -> Dict[str, Any]:
     """Turn an ``<nvidia_smi_log>`` element tree into the parser result.
 
     Shared by :func:`parse_nvidia_smi_xml` and :func:`smi_text.parse_nvidia_smi_text` (which
     builds the same tree from ``nvidia-smi -q`` text).
 
     :param root: the ``<nvidia_smi_log>`` element.
+    :param fmt: ``smi-xml`` or ``smi-text``, for the ``unparsed`` entries.
     :returns: ``{"driver": {"userspace_version", "cuda_driver_version"}, "attached_gpus",
-        "gpus", "warnings": []}`` (the gpu-count warning is added by the callers, who know what
+        "gpus", "warnings": [], "unparsed": unparsed_keys(...)}`` (the gpu-count warning is added by the callers, who know what
         a GPU is called in their format).
     :raises: nothing.
 
     Sources: ``<driver_version>``, ``<cuda_version>`` (the CUDA version the driver supports,
     as NVML ``nvmlSystemGetCudaDriverVersion``), ``<attached_gpus>``, each ``<gpu>``.
     """
-    return {
-        "driver": {
-            "userspace_version": _value(root, "driver_version"),
-            "cuda_driver_version": _value(root, "cuda_version"),
-        },
-        "attached_gpus": parse_int(_value(root, "attached_gpus")),
-        "gpus": gpus_from_smi_tree(root),
-        "warnings": [],
-    }
+    reads = set()  # type: set
+    _READS.append(reads)
+    try:
+        result = {
+            "driver": {
+                "userspace_version": _first_value(root, "driver_version", "kmd_version"),
+                "cuda_driver_version": _first_value(root, "cuda_version", "cuda_umd_version"),
+            },
+            "attached_gpus": parse_int(_value(root, "attached_gpus")),
+            "gpus": gpus_from_smi_tree(root),
+            "warnings": [],
+        }
+        # Read too: the R610 names of the versions, which repeat the deprecated ones.
+        _first_value(root, "kmd_version")
+        _first_value(root, "cuda_umd_version")
+    finally:
+        _READS.pop()
+    result["unparsed"] = unparsed_keys(root, reads, fmt)
+    return result
+
+
+#: The elements read while facts_from_smi_tree runs (a stack: one set per run).
+_READS = []  # type: List[set]
+
+#: Keys with a value that no fact takes, on purpose: they say nothing about the driver lifecycle or
+#: the GPU's health (names, brands, timestamps, display and encoder figures, per-process memory
+#: beside the GPU's own), or repeat a value read elsewhere. Paths as in :func:`unparsed_keys`.
+IGNORED_KEYS = frozenset((
+    # the log's own: when it was taken
+    "timestamp",
+    # names, brands, part numbers and board ids: not the driver's, read by no decision
+    "product_brand", "board_id", "board_part_number", "gpu_part_number", "module_id", "gpu_module_id",
+    "minor_number", "multigpu_board", "platform_info", "platformInfo", "pdi", "gpu_pdi", "inforom_version",
+    "inforom_bbx_flush", "inforom_bbx_object_flush", "vgpu_software_licensed_product", "gpu_virtualization_mode",
+    # display, accounting and host-side modes
+    "display_mode", "display_attached", "display_active", "accounting_mode", "accounting_mode_buffer_size",
+    "addressing_mode", "driver_model",
+    # workload figures of the moment, not the contract nor health: encoder/FBC sessions, fans, voltage,
+    # utilization beside the GPU's (read), the supported-clocks table, capabilities
+    "encoder_stats", "fbc_stats", "fan_speed", "voltage", "utilization", "supported_clocks", "capabilities",
+    "edpp_multiplier", "sparse_operation_mode",
+    # confidential computing and DRAM encryption modes (not part of this collection's contract yet)
+    "cc_protected_memory_usage", "conf_compute_protected_memory_usage", "dram_encryption_mode",
+))
+
+#: Unparsed entries kept one by one (all are counted).
+MAX_UNPARSED = 256
+
+
+def _leaves(element: ElementTree.Element, path: str):
+    children = list(element)
+    if not children:
+        yield path, element
+        return
+    for child in children:
+        yield from _leaves(child, "%s/%s" % (path, child.tag) if path else child.tag)
+
+
+def unparsed_keys(root: ElementTree.Element, reads: set, fmt: str = "smi-xml") -> Dict[str, Any]:
+    """The keys with a value that no fact took: fail loud on a layout this reader does not know.
+
+    :param root: the ``<nvidia_smi_log>`` tree. :param reads: ids of the elements the facts read.
+    :param fmt: ``smi-xml`` or ``smi-text`` (what the entries say they came from).
+    :returns: ``{"count": int, "keys": [{"format", "key": "<section path>/<key>" (element names,
+        under the GPU or the log), "value": str, "gpu": PCI bus id | None}]}`` (the first
+        :data:`MAX_UNPARSED`), leaving out values that are "no value" (N/A ...) and the sections of
+        :data:`IGNORED_KEYS`. Shown as the facts' ``unparsed``; a key no field
+        takes is a layout this reader does not know yet, or a value no decision reads yet.
+    :raises: nothing.
+    """
+    keys = []  # type: List[Dict[str, Any]]
+    count = 0
+    for child in root:
+        if child.tag == "gpu":
+            bus = normalize_pci_bus_id(child.get("id") or "") or child.get("id")
+            leaves = _leaves(child, "")
+        else:
+            bus = None
+            leaves = _leaves(child, child.tag)
+        for path, node in leaves:
+            if id(node) in reads or path.split("/", 1)[0] in IGNORED_KEYS:
+                continue
+            value = null_if_na(node.text)
+            if value is None:
+                continue
+            count += 1
+            if len(keys) < MAX_UNPARSED:
+                keys.append({"format": fmt, "key": path, "value": value[:200], "gpu": bus})
+    return {"count": count, "keys": keys}
 
 
 def gpu_count_warnings(attached: Optional[int], found: int, what: str) -> List[str]:
@@ -219,6 +300,7 @@ def _gpu(index: int, element: ElementTree.Element) -> Dict[str, Any]:
     gpu["remapped_rows"] = _remapped_rows(element)
     gpu["retired_pages"] = _retired_pages(element)
     gpu["mig"] = _mig(element)
+    gpu["fabric"] = _fabric(element)
     gpu["clocks"] = {
         "sm_mhz": parse_int(_value(element, "clocks/sm_clock")),
         "mem_mhz": parse_int(_value(element, "clocks/mem_clock")),
@@ -313,6 +395,33 @@ def _power(element: ElementTree.Element) -> Dict[str, Optional[float]]:
     }
 
 
+#: ``<fabric><state>`` words → the ``fabric.state`` fact (NVML ``nvmlGpuFabricState_t``: NOT_SUPPORTED,
+#: NOT_STARTED, IN_PROGRESS, COMPLETED).
+_FABRIC_STATES = {"completed": "completed", "in progress": "in_progress", "not started": "not_started",
+                  "not supported": "not_supported"}
+
+
+def _fabric(element: ElementTree.Element) -> Dict[str, Any]:
+    """The GPU's NVLink fabric registration: ``<fabric>`` (``-q`` text: ``Fabric``), R550 and later.
+
+    :returns: ``{"state": "completed" | "in_progress" | "not_started" | "not_supported" | None (N/A:
+        no fabric, e.g. a PCIe GPU) | the word as printed, lower-case, when unknown, "status": str |
+        None ("Success" once completed), "clique_id": str | None, "cluster_uuid": str | None}``.
+    Source: nvidia-smi ``-q`` "Fabric" (State, Status, CliqueId, ClusterUUID); NVML
+    ``nvmlDeviceGetGpuFabricInfo``; field case 43 (``In Progress`` while Fabric Manager is not serving).
+    """
+    section = element.find("fabric")
+    if section is None:
+        return {"state": None, "status": None, "clique_id": None, "cluster_uuid": None}
+    state = _value(section, "state")
+    return {
+        "state": _FABRIC_STATES.get(state.lower(), state.lower()) if state else None,
+        "status": _value(section, "status"),
+        "clique_id": _first_value(section, "cliqueId", "cliqueid", "clique_id"),
+        "cluster_uuid": _first_value(section, "clusterUuid", "clusteruuid", "cluster_uuid"),
+    }
+
+
 def _ecc(element: ElementTree.Element) -> Dict[str, Any]:
     errors = element.find("ecc_errors")
     counters = {}
@@ -396,12 +505,15 @@ def _retired_pages(element: ElementTree.Element) -> Dict[str, Any]:
 
 def _mig(element: ElementTree.Element) -> Dict[str, Any]:
     devices = []
-    for node in element.findall("mig_devices/mig_device"):
+    # -q -x: <mig_devices><mig_device>; -q text: "MIG Device" sections right under the GPU, with
+    # "Shared FB Memory Usage" (R590: field corpus h100-mig-r590) for the XML's <fb_memory_usage>.
+    for node in element.findall("mig_devices/mig_device") + element.findall("mig_device"):
         device = new_mig_device()
         device["gpu_instance_id"] = parse_int(_value(node, "gpu_instance_id"))
         device["compute_instance_id"] = parse_int(_value(node, "compute_instance_id"))
         device["uuid"] = _value(node, "uuid")
-        device["memory_total_mib"] = parse_int(_value(node, "fb_memory_usage/total"))
+        device["memory_total_mib"] = parse_int(_first_value(node, "fb_memory_usage/total",
+                                                             "shared_fb_memory_usage/total"))
         device["sm_count"] = parse_int(_value(node, "device_attributes/shared/multiprocessor_count"))
         devices.append(device)
     return {
@@ -478,10 +590,15 @@ def _processes(element: ElementTree.Element) -> Optional[List[Dict[str, Any]]]:
 # --------------------------------------------------------------------------------------------
 
 def _value(element: ElementTree.Element, path: str) -> Optional[str]:
-    """Text of the element at ``path`` (``"."`` for ``element`` itself), ``None`` for "no value"."""
+    """Text of the element at ``path`` (``"."`` for ``element`` itself), ``None`` for "no value".
+
+    Every element read here is noted for :func:`unparsed_keys` while :func:`facts_from_smi_tree` runs.
+    """
     node = element if path == "." else element.find(path)
     if node is None:
         return None
+    if _READS:
+        _READS[-1].add(id(node))
     return null_if_na(node.text)
 
 
