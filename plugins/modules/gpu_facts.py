@@ -205,10 +205,27 @@ ansible_facts:
           type: dict
         driver_messages:
           description:
-            - NVRM kernel log lines that say a GPU needs a reset without an Xid number (at most 16), with
-              C(pci_bus_id) (null when the line names no GPU), C(time), C(message).
+            - NVRM kernel log lines about a GPU without an Xid number (at most 16), with C(kind)
+              (V(gpu_init_failed), the GPU could not be initialised; V(reset_required)), C(pci_bus_id) (null when
+              the line names no GPU), C(time), C(message).
           type: list
           elements: dict
+        sxid_events:
+          description:
+            - NVSwitch SXid events per switch bus id and SXid, with the driver's own C(fatal) word, C(fatal_records),
+              C(links); see C(docs/xid.md).
+          type: list
+          elements: dict
+        kernel_log_unrecognised:
+          description:
+            - The kernel-log lines of the NVIDIA modules that no rule reads (C(count), C(error_count), the first
+              C(lines) with their C(level) and C(pci_bus_id)); at error level they make C(health.state) V(unknown).
+          type: dict
+        unparsed:
+          description:
+            - The nvidia-smi keys with a value that no fact takes (C(count), C(keys) with C(format), C(key),
+              C(value), C(gpu)).
+          type: dict
         node:
           description:
             - Node-level signals beyond the driver versions; see C(docs/contract.md).

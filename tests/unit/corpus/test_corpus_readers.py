@@ -153,3 +153,14 @@ def test_nvidia_smi_answers_are_facts_or_named_refusals(path):
         from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_assemble import CaptureError
         with pytest.raises(CaptureError, match="nvidia-smi-q.txt"):
             assemble_facts({"nvidia-smi-q.txt": raw}, capture=True)
+
+
+def test_docs_facts_field_coverage_table_is_what_the_corpus_gives():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("corpus_coverage", CORPUS.parents[2] / "tools" / "corpus_coverage.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    table = tool.markdown_table(str(CORPUS))
+    assert "| `gpus[].power.limit_w` |" in table and "R610" in table
+    assert table in (CORPUS.parents[2] / "docs" / "facts.md").read_text(encoding="utf-8")
