@@ -186,6 +186,7 @@ def new_gpu(index: int) -> Dict[str, Any]:
             "draw_w": None,
         },
         "ecc": {
+            "supported": None,
             "mode_current": None,
             "mode_pending": None,
             "volatile": {"corrected": None, "uncorrected": None},

@@ -245,6 +245,11 @@ def _read_memory_health(nvml: Any, reader: _FieldReader, handle: Any, gpu: Dict[
     ecc = gpu["ecc"]
     current, pending = _pair(reader.get("ecc.mode", "nvmlDeviceGetEccMode", handle))
     ecc["mode_current"], ecc["mode_pending"] = _bool(current), _bool(pending)
+    # NotSupported: the GPU has no ECC (GeForce, some workstation boards), which is not ECC off.
+    if ecc["mode_current"] is not None:
+        ecc["supported"] = True
+    elif any(u.get("field") == "ecc.mode" and u.get("error") == "NotSupported" for u in reader.unsupported):
+        ecc["supported"] = False
     if ecc["mode_current"]:
         corrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_CORRECTED", 0)
         uncorrected = getattr(nvml, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)

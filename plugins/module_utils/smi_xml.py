@@ -431,8 +431,15 @@ def _ecc(element: ElementTree.Element) -> Dict[str, Any]:
             "corrected": _ecc_count(section, corrected=True),
             "uncorrected": _ecc_count(section, corrected=False),
         }
+    current = _value(element, "ecc_mode/current_ecc")
+    raw = element.find("ecc_mode/current_ecc")
+    # "N/A" (or "[Not Supported]") for the mode: the GPU has no ECC, which is not ECC disabled.
+    supported = True if current is not None else (
+        False if raw is not None and (raw.text or "").strip().lower() in ("n/a", "[n/a]", "not supported",
+                                                                          "[not supported]") else None)
     return {
-        "mode_current": parse_enabled(_value(element, "ecc_mode/current_ecc")),
+        "supported": supported,
+        "mode_current": parse_enabled(current),
         "mode_pending": parse_enabled(_value(element, "ecc_mode/pending_ecc")),
         "volatile": counters["volatile"],
         "aggregate": counters["aggregate"],

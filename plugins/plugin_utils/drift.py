@@ -75,6 +75,7 @@ CHECKS = {
     "persistence_mode": ("warning", "persistence mode is not the declared one"),
     "ecc_mode": ("warning", "ECC mode is not the declared one (neither now nor pending)"),
     "ecc_mode_pending": ("info", "the declared ECC mode waits for a reboot"),
+    "ecc_not_supported": ("info", "ECC is declared but the GPU has no ECC (not a drift: nothing can turn it on)"),
     "compute_mode": ("warning", "compute mode is not the declared one"),
     "mig_mode": ("warning", "MIG mode is not the declared one"),
     "mig_layout": ("warning", "MIG GPU instances are not the declared layout"),
@@ -490,6 +491,11 @@ class DriftEngine(object):
         for gpu in chosen:
             report = gpu_policy_plan.policy_report(policy, gpu)
             for setting in report["drift"]:
+                if setting == "ecc_mode" and (gpu.get("ecc") or {}).get("supported") is False:
+                    add("ecc_not_supported", "GPU %s: ECC declared %s, the GPU has no ECC" % (
+                        gpu.get("index"), _show(report["wanted"].get(setting))),
+                        expected=report["wanted"].get(setting), actual=None, gpu=gpu.get("index"))
+                    continue
                 add(setting, "GPU %s: %s is %s, declared %s" % (
                     gpu.get("index"), setting, _show(report["in_effect"].get(setting)),
                     _show(report["wanted"].get(setting))),

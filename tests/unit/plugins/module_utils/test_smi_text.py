@@ -38,6 +38,7 @@ def test_case04_remapped_rows_pending_with_four_uncorrectable(case04):
     # "Reset Required: No" and all-zero ECC counters, yet a remap waits for a GPU reset.
     assert gpu["remapped_rows"] == {"correctable": 0, "uncorrectable": 4, "pending": True, "failed": False}
     assert gpu["ecc"] == {
+        "supported": True,
         "mode_current": True,
         "mode_pending": True,
         "volatile": {"corrected": 0, "uncorrected": 0},

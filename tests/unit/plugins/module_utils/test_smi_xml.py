@@ -83,6 +83,7 @@ def test_case01_power_ecc_memory_health(case01):
         "draw_w": 67.03,
     }
     assert gpu["ecc"] == {
+        "supported": True,
         "mode_current": True,
         "mode_pending": True,
         "volatile": {"corrected": 0, "uncorrected": 0},
@@ -206,6 +207,7 @@ def test_v11_throttle_reasons_ecc_retired_pages_and_link(v100):
     assert busy["clocks_event_reasons"] == ["sw_power_cap", "hw_slowdown", "hw_power_brake_slowdown"]
     assert busy["persistence_mode"] is False
     assert busy["ecc"] == {
+        "supported": True,
         "mode_current": True,
         "mode_pending": False,
         "volatile": {"corrected": 3, "uncorrected": 1},
@@ -271,7 +273,7 @@ def test_all_na_ecc_counters_are_none():
         "<ecc_mode><current_ecc>N/A</current_ecc><pending_ecc>N/A</pending_ecc></ecc_mode>"
         "<ecc_errors><volatile><sram_correctable>N/A</sram_correctable>"
         "<dram_uncorrectable>N/A</dram_uncorrectable></volatile></ecc_errors>"))["gpus"][0]
-    assert gpu["ecc"] == {"mode_current": None, "mode_pending": None,
+    assert gpu["ecc"] == {"supported": False, "mode_current": None, "mode_pending": None,
                           "volatile": {"corrected": None, "uncorrected": None},
                           "aggregate": {"corrected": None, "uncorrected": None}}
 

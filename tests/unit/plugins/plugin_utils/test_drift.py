@@ -472,3 +472,23 @@ def test_fact_files_of_the_wrong_shape_are_source_errors(tmp_path):
     report = drift_report({"node": host, "class": "gpu_h100", "facts": entry["facts"], "declared": {}}
                           for host, entry in sorted(found.items()))
     assert report["summary"]["nodes"] == len(files) and report["summary"]["missing"] == len(files) - 1
+
+
+def test_ecc_on_a_gpu_without_ecc_is_not_drift():
+    from pathlib import Path
+    corpus = Path(__file__).resolve().parents[3] / "fixtures" / "corpus" / "smi-xml"
+    no_ecc = parse_nvidia_smi_xml((corpus / "dual-rtx-2070-r590-v13.xml").read_text())["gpus"][0]
+    with_ecc = parse_nvidia_smi_xml((corpus / "a100-sxm4-80gb-r535-mig-v12.xml").read_text())["gpus"][0]
+    assert (no_ecc["ecc"]["supported"], no_ecc["ecc"]["mode_current"]) == (False, None)
+    assert (with_ecc["ecc"]["supported"], with_ecc["ecc"]["mode_current"]) == (True, True)
+    doc = node_facts("h100", limit_w=600.0)
+    for gpu in doc["gpus"]:
+        gpu["ecc"].update(supported=False, mode_current=None, mode_pending=None)
+    report = drift_report([{"node": "w1", "class": "gpu_h100", "facts": doc, "declared": declared_state(H100_VARS)}])
+    found = [f for f in report["findings"] if f["check"].startswith("ecc")]
+    assert set(f["check"] for f in found) == {"ecc_not_supported"} and len(found) == 8
+    assert all(f["severity"] == "info" for f in found)
+    assert report["nodes"]["w1"]["in_sync"] is True
+    off = node_facts("h100", limit_w=600.0, ecc=False)
+    drifted = drift_report([{"node": "w2", "class": "gpu_h100", "facts": off, "declared": declared_state(H100_VARS)}])
+    assert "ecc_mode" in set(f["check"] for f in drifted["findings"])
