@@ -14,6 +14,34 @@ from typing import Any, Dict, List, Optional
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import versions_match
 
 
+_DKMS_BUILD = re.compile(r"Bad return status for module build on kernel:\s*(?P<kernel>\S+)(?:\s*\((?P<arch>[^)]*)\))?")
+_DKMS_LOG = re.compile(r"(?P<log>/var/lib/dkms/(?P<module>[\w.+-]+)/(?P<version>[\w.+~-]+)/build/make\.log)")
+
+
+def dkms_build_failure(text: Optional[str]) -> Optional[Dict[str, Any]]:
+    """A DKMS module build that failed during a package transaction, with the kernel and module named.
+
+    DKMS prints ``Error! Bad return status for module build on kernel: 6.1.0-25-amd64 (x86_64)``
+    and ``Consult /var/lib/dkms/nvidia/580.95.05/build/make.log for more information.``; dpkg then
+    leaves the package unconfigured. The cause is the build against that kernel (headers missing or
+    of another version, a compiler mismatch, a kernel newer than the driver supports), not the
+    repository: retrying the same transaction builds the same way.
+
+    :param text: apt/dpkg/dnf output, or ``None``.
+    :returns: ``{"kernel": str, "arch": str | None, "module": str | None ("nvidia"), "version": str | None
+        (the module's version), "make_log": str | None (the path to read)}``, or ``None``.
+    :raises: nothing.
+    Source: DKMS's own messages (dkms(8), ``make.log`` under ``/var/lib/dkms/<module>/<version>/build``).
+    """
+    match = _DKMS_BUILD.search(text or "")
+    if match is None:
+        return None
+    log = _DKMS_LOG.search(text or "")
+    return {"kernel": match.group("kernel"), "arch": match.group("arch"),
+            "module": log.group("module") if log else None, "version": log.group("version") if log else None,
+            "make_log": log.group("log") if log else None}
+
+
 def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: Optional[str] = "") -> Dict[str, Any]:
     """Classify a failed apt-get run.
 
@@ -25,8 +53,12 @@ def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: 
     is gone: a stale index or a pinned version the archive withdrew (``withdrawn``), not an
     outage; retrying the same command fails the same way.
 
-    :returns: ``{"kind": "dependency_conflict"|"lock"|"network"|"dpkg_interrupted"|"not_found"|
-        "withdrawn"|"other", "retry": bool, "unmet": [lines], "message": str}``.
+    A DKMS build that failed (:func:`dkms_build_failure`) is ``module_build_failed``, with the
+    kernel, module and ``make.log`` named, whatever dpkg said after it.
+
+    :returns: ``{"kind": "module_build_failed"|"dependency_conflict"|"lock"|"network"|
+        "dpkg_interrupted"|"not_found"|"withdrawn"|"other", "retry": bool, "unmet": [lines],
+        "message": str, "rc", "module_build"?: :func:`dkms_build_failure`}``.
     """
     text = "%s\n%s" % (stdout or "", stderr or "")
     unmet = []
@@ -41,7 +73,14 @@ def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: 
                 capture = False
             elif stripped:
                 unmet.append(stripped)
-    if "held broken packages" in text or "unmet dependencies" in text:
+    build = dkms_build_failure(text)
+    if build is not None:
+        kind, retry = "module_build_failed", False
+        message = ("the %s %s kernel module did not build for kernel %s (DKMS); read %s, install the headers of "
+                   "that kernel or boot a kernel the driver supports; not retried" % (
+                       build["module"] or "NVIDIA", build["version"] or "", build["kernel"],
+                       build["make_log"] or "the DKMS make.log"))
+    elif "held broken packages" in text or "unmet dependencies" in text:
         kind, retry = "dependency_conflict", False
         message = ("apt could not resolve the dependencies of the requested set (rc %s): a hold, a pin or a "
                    "package of another origin or branch blocks it; not retried" % rc)
@@ -60,7 +99,10 @@ def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: 
         kind, retry, message = "network", True, "the repository could not be reached"
     else:
         kind, retry, message = "other", False, "apt-get failed (rc %s)" % rc
-    return {"kind": kind, "retry": retry, "unmet": unmet, "message": message, "rc": rc}
+    result = {"kind": kind, "retry": retry, "unmet": unmet, "message": message, "rc": rc}
+    if build is not None:
+        result["module_build"] = build
+    return result
 
 
 def classify_dnf_failure(text: Optional[str]) -> Dict[str, Any]:

@@ -483,3 +483,28 @@ def test_case_34_404_for_the_pinned_version_is_withdrawn_not_an_outage():
     outage = package_failures.classify_apt_failure(
         100, "", "E: Failed to fetch http://mirror/pool/x.deb  Temporary failure resolving 'mirror'")
     assert (outage["kind"], outage["retry"]) == ("network", True)
+
+
+DKMS_FAILED = """\
+Setting up nvidia-kernel-open-dkms (580.95.05-1) ...
+Loading new nvidia-580.95.05 DKMS files...
+Building for 6.1.0-25-amd64
+Building initial module for 6.1.0-25-amd64
+Error! Bad return status for module build on kernel: 6.1.0-25-amd64 (x86_64)
+Consult /var/lib/dkms/nvidia/580.95.05/build/make.log for more information.
+dpkg: error processing package nvidia-kernel-open-dkms (--configure):
+ installed nvidia-kernel-open-dkms package post-installation script subprocess returned error exit status 10
+E: Sub-process /usr/bin/dpkg returned an error code (1)
+"""
+
+
+def test_a_dkms_build_failure_names_the_kernel_the_module_and_its_make_log():
+    found = package_failures.classify_apt_failure(100, DKMS_FAILED, "")
+    assert (found["kind"], found["retry"]) == ("module_build_failed", False)
+    assert found["module_build"] == {"kernel": "6.1.0-25-amd64", "arch": "x86_64", "module": "nvidia",
+                                     "version": "580.95.05",
+                                     "make_log": "/var/lib/dkms/nvidia/580.95.05/build/make.log"}
+    assert "did not build for kernel 6.1.0-25-amd64" in found["message"]
+    assert "/var/lib/dkms/nvidia/580.95.05/build/make.log" in found["message"]
+    assert package_failures.dkms_build_failure("E: Sub-process /usr/bin/dpkg returned an error code (1)") is None
+    assert "module_build" not in package_failures.classify_apt_failure(100, "E: Unable to locate package nvidia-driver", "")
