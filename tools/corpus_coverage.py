@@ -87,8 +87,8 @@ def markdown_table(corpus=CORPUS):
 
     for name, _get in FIELDS:
         formats = seen[name]
-        rows.append("| `%s` | %s | %s | %s |" % (name, cell(formats.get("smi-text")), cell(formats.get("smi-xml")),
-                                                cell(formats.get("kernel-log"))))
+        cells = [cell(formats.get(fmt)) for fmt in ("smi-text", "smi-xml", "kernel-log")]
+        rows.append("| `%s` | %s | %s | %s |" % tuple([name] + cells))
     return "\n".join(rows)
 
 

@@ -519,8 +519,8 @@ def _mig(element: ElementTree.Element) -> Dict[str, Any]:
         device["gpu_instance_id"] = parse_int(_value(node, "gpu_instance_id"))
         device["compute_instance_id"] = parse_int(_value(node, "compute_instance_id"))
         device["uuid"] = _value(node, "uuid")
-        device["memory_total_mib"] = parse_int(_first_value(node, "fb_memory_usage/total",
-                                                             "shared_fb_memory_usage/total"))
+        total = _first_value(node, "fb_memory_usage/total", "shared_fb_memory_usage/total")
+        device["memory_total_mib"] = parse_int(total)
         device["sm_count"] = parse_int(_value(node, "device_attributes/shared/multiprocessor_count"))
         devices.append(device)
     return {

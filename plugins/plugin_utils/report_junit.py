@@ -8,7 +8,8 @@ the node). Drift: a drifted node is a ``<failure>`` (type: its worst check; mess
 a node without facts too. Rollout: each node's one outcome (``rollout_outcome``) is its case's
 ``outcome`` property; ``rolled_back``, ``rolled_back_flagged``, ``flagged``, ``failed``,
 ``unreachable``, ``interrupted`` and ``unknown`` are failures (type: the outcome) with the record's
-reason and the next step; ``refused``, ``pending`` and ``not_started`` are ``<skipped>``. The element and attribute names are those of the JUnit XML form that Jenkins'
+reason and the next step; ``refused``, ``pending`` and ``not_started`` are ``<skipped>``.
+The element and attribute names are those of the JUnit XML form that Jenkins'
 JUnit plugin and GitLab read (testsuites / testsuite / testcase / failure / skipped /
 system-out); written with the standard library's ``xml.etree.ElementTree``, which escapes text.
 """

@@ -143,8 +143,8 @@ def next_step(record: Mapping[str, Any], inventory: Any = None) -> Optional[Dict
                           "flag's reason names (cat %s on the node)" % FLAG_FILE,
                     "clears": "a verified rollback (rollback.yml) clears the flag and undrains the node",
                     "command": cmd["rollback"], "resume": cmd["rollout"]}
-        return {"action": "preflight", "do": "nothing was changed; remove the cause the preflight names (%s)" % (
-                    _text(record.get("reason")) or ", ".join(sorted(flags)) or "see the reason"),
+        cause = _text(record.get("reason")) or ", ".join(sorted(flags)) or "see the reason"
+        return {"action": "preflight", "do": "nothing was changed; remove the cause the preflight names (%s)" % cause,
                 "clears": "no flag was written: the node only needs the rollout again",
                 "command": cmd["rollout"], "resume": cmd["rollout"]}
     if result in ("unreachable", "interrupted"):
