@@ -76,9 +76,9 @@ def classify_apt_failure(rc: Optional[int], stdout: Optional[str] = "", stderr: 
     build = dkms_build_failure(text)
     if build is not None:
         kind, retry = "module_build_failed", False
-        message = ("the %s %s kernel module did not build for kernel %s (DKMS); read %s, install the headers of "
-                   "that kernel or boot a kernel the driver supports; not retried" % (
-                       build["module"] or "NVIDIA", build["version"] or "", build["kernel"],
+        message = ("apt-get failed (rc %s): the %s %s kernel module did not build for kernel %s (DKMS); read %s, "
+                   "install the headers of that kernel or boot a kernel the driver supports; not retried" % (
+                       rc, build["module"] or "NVIDIA", build["version"] or "", build["kernel"],
                        build["make_log"] or "the DKMS make.log"))
     elif "held broken packages" in text or "unmet dependencies" in text:
         kind, retry = "dependency_conflict", False

@@ -202,6 +202,8 @@ APT_REMEDY = {
     "not_found": "refresh the package lists or choose a version the repository offers",
     "withdrawn": "choose a version the repository still offers",
     "network": "check that the node reaches the repository, then run again",
+    "module_build_failed": "read the DKMS make.log the reason names; install the running kernel's headers, or boot a "
+                           "kernel the driver supports",
     "other": "read the output below",
 }
 

@@ -402,6 +402,43 @@ def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts, tmp_pa
     assert "| node04 | waves | upgraded | 580.126.20 | 580.178.04 | 580.178.04 |" in markdown
 
 
+def test_a_journal_line_cut_by_a_crash_loses_only_itself(rollouts):
+    """The journal's last line cut mid-write (a controller killed, a full disk): the next run of the same
+    rollout loses that line alone, counts it in the report, resumes the node it named, and every node
+    ends as it would have."""
+    path = os.path.join(rollouts.report_dir("ltsb"), "journal.jsonl")
+    with open(path, "rb") as handle:
+        data = handle.read()
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[-1]
+    assert b'"node"' in last
+    with open(path, "wb") as handle:
+        handle.write(data[:len(data.rstrip(b"\n")) - len(last) // 2])  # half the last line, no newline
+    code, out = rollouts.rollout("ltsb", "node01:node02:node03:node04")
+    assert code == 0, out[-4000:]
+    report = rollouts.report("ltsb")
+    assert report["status"] == "completed"
+    assert report["journal"]["lost_lines"] == 1, report["journal"]
+    assert report["journal"]["ambiguous"] == []  # the node the cut line named was resumed and recorded
+    assert sorted(n["node"] for n in report["nodes"] if n["result"] in ("upgraded", "skipped")) == [
+        "node01", "node02", "node03", "node04"]
+    markdown = open(os.path.join(rollouts.report_dir("ltsb"), "rollout-report.md")).read()
+    assert "## Journal" in markdown
+    # Every line after the cut one is whole: the appends began on a line of their own.
+    with open(path, "rb") as handle:
+        lines = handle.read().split(b"\n")
+    def whole(line):
+        try:
+            return isinstance(json.loads(line), dict)
+        except ValueError:
+            return False
+
+    cut = [i for i, line in enumerate(lines) if line and not whole(line)]
+    assert len(cut) == 1 and all(whole(line) for line in lines[cut[0] + 1:] if line), cut
+    for node in ("node01", "node02", "node03"):
+        assert_on(rollouts, node, "620.82.01")
+    assert_on(rollouts, "node04", "580.178.04")
+
+
 def test_rollback_playbook_returns_a_wave(rollouts):
     untouched = dict((node, rollouts.state(node)) for node in ("node01", "node02"))
     code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=node03:node04", "-e", "rollback_id=wave",

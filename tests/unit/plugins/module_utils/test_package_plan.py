@@ -504,7 +504,8 @@ def test_a_dkms_build_failure_names_the_kernel_the_module_and_its_make_log():
     assert found["module_build"] == {"kernel": "6.1.0-25-amd64", "arch": "x86_64", "module": "nvidia",
                                      "version": "580.95.05",
                                      "make_log": "/var/lib/dkms/nvidia/580.95.05/build/make.log"}
-    assert "did not build for kernel 6.1.0-25-amd64" in found["message"]
+    assert found["message"].startswith("apt-get failed (rc 100): the nvidia 580.95.05 kernel module did not build "
+                                       "for kernel 6.1.0-25-amd64")
     assert "/var/lib/dkms/nvidia/580.95.05/build/make.log" in found["message"]
     assert package_failures.dkms_build_failure("E: Sub-process /usr/bin/dpkg returned an error code (1)") is None
     assert "module_build" not in package_failures.classify_apt_failure(100, "E: Unable to locate package nvidia-driver", "")
