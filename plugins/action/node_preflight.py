@@ -15,7 +15,7 @@ import time
 
 from ansible.errors import AnsibleActionFail
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions, state_file
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import node_preflight, rollout_verdict, run_lease
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_action import NodeAction, without_unset
 
@@ -99,10 +99,18 @@ class ActionModule(NodeAction):
         found = state["lock_found"]
         probe = None
         if isinstance(found, dict) and found and (not found.get("run_id") or found.get("run_id") != owner.get("run_id")):
-            # The lease is looked up by the lock's run id in this run's own runs/ directory (the
-            # directory of this run's lease), never at the path the node's lock names.
+            # The lease is looked up by the lock's run id in the runs/ directory of the lock's rollout
+            # beside this one's (<reports>/<rollout_id>/runs, the names through the one file-name rule),
+            # else in this run's own: never at the path the node's lock names.
             own_lease = owner.get("lease")
             runs_dir = os.path.dirname(own_lease) if isinstance(own_lease, str) and own_lease else None
+            holder = found.get("rollout_id")
+            if runs_dir and isinstance(holder, str) and holder and holder != args["rollout_id"]:
+                try:
+                    runs_dir = os.path.join(os.path.dirname(os.path.dirname(runs_dir)), state_file.file_name(holder),
+                                            "runs")
+                except ValueError:
+                    pass
             probe = run_lease.probe_holder(found, runs_dir)
         lock = rollout_verdict.rollout_lock(found, owner, time.time(), args["lock_stale_s"],
                                             probe["alive"] if probe else None, args["lock_break"],
