@@ -426,6 +426,7 @@ def test_a_journal_line_cut_by_a_crash_loses_only_itself(rollouts):
     # Every line after the cut one is whole: the appends began on a line of their own.
     with open(path, "rb") as handle:
         lines = handle.read().split(b"\n")
+
     def whole(line):
         try:
             return isinstance(json.loads(line), dict)
