@@ -182,17 +182,26 @@ class Run(object):
         self._touch(node)
         self._schedule(self.now + node["drain_s"], "drained", name)
 
-    def install(self, name):
-        """The node's install begins: the new driver touches it (counted as upgraded)."""
+    def install(self, name, acting=None):
+        """The node's install begins: the new driver touches it (counted as upgraded).
+
+        ``acting(node)``: an executor that runs the install, reboot and verification as separate
+        actions schedules them itself; without it the work and the soak run in one go.
+        Returns whether the install began (a node struck while it waited fails instead).
+        """
         node = self.fleet.by_name[name]
         node["drained"] = False
         if node.get("struck"):
             self._fail(node, node["struck_signature"], {"started": node["started_at"], "drained": self.now})
-            return
+            return False
         if node["stage"] == "waves":
             self.started_waves += 1
+        if acting is not None:
+            acting(node)
+            return True
         soak = self.policy.node_soak_s(node["stage"])
         self._schedule(self.now + node["work_s"] + soak, "end", name)
+        return True
 
     def release(self, name):
         """The rollout stopped before the node's install: it returns to service untouched."""
@@ -282,6 +291,8 @@ class Run(object):
                 self._schedule(self.now + self.fleet.rng.expovariate(self.fleet.rate_per_s), "strike", name)
             elif kind == "repair":
                 node["out_of_service"] = False
+            elif kind not in ("tick", "soak"):
+                self.policy.on_event(self, kind, node)
             if node is not None:
                 self._touch(node)
             if self.policy.step(self, kind):
@@ -290,8 +301,192 @@ class Run(object):
 
     def result(self):
         failed = len([n for n in self.fleet.nodes if n["status"] == "failed"])
-        return {"completion_s": self.policy.done_at, "stopped": self.stopped, "failed": failed,
-                "waves_started": self.started_waves, "waves_drained": self.drained_ahead, "max_oos_pct": max(self.max_oos.values() or [0.0])}
+        out = {"completion_s": self.policy.done_at, "stopped": self.stopped, "failed": failed,
+               "waves_started": self.started_waves, "waves_drained": self.drained_ahead,
+               "max_oos_pct": max(self.max_oos.values() or [0.0])}
+        executor = getattr(self.policy, "executor", None)
+        if executor is not None:
+            out.update(executor.stats())
+        return out
+
+
+#: The executor's parameters (``--steps-per-job`` and the rest override them).
+EXECUTOR_DEFAULTS = {
+    # playbooks/rollout.yml imports rollout_step.yml 12 times: one job runs at most 12 steps.
+    "steps_per_job": 12,
+    # Between two steps: the choice of the next hosts and the step's report (the controller's
+    # own plays), about a minute at 10,000 nodes.
+    "step_overhead_s": 60.0,
+    # From the end of one job to the start of the next (an AWX schedule, or the operator).
+    "job_gap_s": 600.0,
+    # The pass executor: passes a job runs (one a minute: an hour) before the next job.
+    "passes_per_job": 60,
+    # A drain request or a return to service: a few tasks on a worker.
+    "act_s": 10.0,
+    # The work after the drain, split into what holds a worker (install, verification) and what
+    # only waits (the reboot): 40 / 40 / 20 % of it.
+    "install_share": 0.4,
+    "reboot_share": 0.4,
+    "verify_share": 0.2,
+}
+
+
+class Unbounded(object):
+    """Every node ``decide`` admits starts at once: the decision code alone, a worker for every node
+    in flight (the figure of the decisions, not of any executor that runs them)."""
+
+    name = "unbounded"
+
+    def __init__(self):
+        self.peak = 0
+
+    def act(self, policy, run):
+        decision = rollout_budget.decide(run.fleet.nodes, policy.options)
+        over = policy.apply(run, decision)
+        self.peak = max(self.peak, decision["in_flight"] + len(decision["start"]))
+        return over
+
+    def on_event(self, policy, run, kind, node):
+        return None
+
+    def stats(self):
+        return {"worker_peak": self.peak}
+
+
+class Steps(object):
+    """``playbooks/rollout.yml`` as it runs: fixed steps, a worker per host, a barrier per step.
+
+    A step's hosts are chosen when it begins (``rollout_budget.step_hosts``, the function the
+    ``rollout_step`` action runs: nodes in flight, then the next nodes of each class, at most
+    ``forks``); each host holds its worker while it waits for its admission (``decide`` with the
+    step's hosts as candidates) and for its whole transaction, drain and soak included; a host that
+    can no longer be admitted in the step (nothing in flight, nothing to start) leaves it; the
+    next step begins ``step_overhead_s`` after the last host of this one is done, and after
+    ``steps_per_job`` steps the job ends and the next one begins ``job_gap_s`` later.
+    """
+
+    name = "steps"
+
+    def __init__(self, forks, **params):
+        self.forks = int(forks)
+        self.params = dict(EXECUTOR_DEFAULTS, **params)
+        self.hosts = None
+        self.waiting = set()
+        self.next_step_at = 0.0
+        self.steps = 0
+        self.jobs = 0
+        self.peak = 0
+
+    def act(self, policy, run):
+        by_name = run.fleet.by_name
+        if self.hosts is None:
+            if run.now < self.next_step_at:
+                return False
+            decision, hosts = rollout_budget.step_hosts(run.fleet.nodes, policy.options, self.forks)
+            if decision["action"] == "done" or (decision["action"] == "stop" and not decision["in_flight"]):
+                return policy.apply(run, decision)
+            if self.steps % self.params["steps_per_job"] == 0:
+                self.jobs += 1
+            self.steps += 1
+            self.hosts = hosts
+            self.waiting = set(name for name in hosts if by_name[name]["status"] == "pending")
+            self.peak = max(self.peak, len(hosts))
+        decision = rollout_budget.decide(run.fleet.nodes, policy.options, candidates=self.waiting)
+        leave = decision["action"] == "stop" or (not decision["in_flight"] and not decision["start"])
+        if policy.apply(run, decision):
+            return True
+        self.waiting.difference_update(decision["start"])
+        if leave:
+            self.waiting.clear()
+        if not self.waiting and not any(by_name[name]["status"] == "in_flight" for name in self.hosts):
+            self.hosts = None
+            self.next_step_at = run.now + self.params["step_overhead_s"]
+            if self.steps % self.params["steps_per_job"] == 0:
+                self.next_step_at += self.params["job_gap_s"]
+            run._schedule(self.next_step_at, "tick")
+        return False
+
+    def on_event(self, policy, run, kind, node):
+        return None
+
+    def stats(self):
+        return {"worker_peak": self.peak, "steps": self.steps, "jobs": self.jobs}
+
+
+class Passes(object):
+    """The per-node state machine advanced in passes (``plugin_utils.node_states``): a worker only
+    while a node acts, never while it waits.
+
+    A pass (one per decision, at most one a minute) hands out the free workers: first to nodes
+    whose reboot is over (their verification), then to installs ``decide`` admits, then to
+    starts (a drain request, ``act_s``). The install (``install_share`` of the node's work) and
+    the verification (``verify_share``) hold a worker; the drain, the reboot (``reboot_share``)
+    and the soak hold none. After ``passes_per_job`` passes the job ends and the next begins
+    ``job_gap_s`` later; nothing acts in between (drains and reboots go on).
+    """
+
+    name = "passes"
+
+    def __init__(self, forks, **params):
+        self.forks = int(forks)
+        self.params = dict(EXECUTOR_DEFAULTS, **params)
+        self.busy = 0
+        self.peak = 0
+        self.verify_queue = []
+        self.passes = 0
+        self.jobs = 0
+        self.in_job = 0
+        self.resume_at = 0.0
+
+    def _take(self, run, seconds, kind, name):
+        self.busy += 1
+        self.peak = max(self.peak, self.busy)
+        run._schedule(run.now + seconds, kind, name)
+
+    def act(self, policy, run):
+        if run.now < self.resume_at:
+            return False
+        if self.in_job == 0:
+            self.jobs += 1
+        self.passes += 1
+        self.in_job += 1
+        if self.in_job >= self.params["passes_per_job"]:
+            self.in_job = 0
+            self.resume_at = run.now + self.params["job_gap_s"]
+            run._schedule(self.resume_at, "tick")
+        by_name = run.fleet.by_name
+        while self.verify_queue and self.busy < self.forks:
+            node = by_name[self.verify_queue.pop(0)]
+            self._take(run, self.params["verify_share"] * node["work_s"], "verified", node["name"])
+        free = self.forks - self.busy
+        decision = rollout_budget.decide(run.fleet.nodes, policy.options, limit=free)
+        installs = decision["install"][:free]
+        decision = dict(decision, start=decision["start"][:max(0, free - len(installs))])
+
+        def acting(node):
+            self._take(run, self.params["install_share"] * node["work_s"], "installed", node["name"])
+
+        if policy.apply(run, decision, installs, acting):
+            return True
+        for name in decision["start"]:
+            self._take(run, self.params["act_s"], "acted", name)
+        return False
+
+    def on_event(self, policy, run, kind, node):
+        if kind in ("acted", "installed", "verified"):
+            self.busy -= 1
+        if kind == "installed":
+            run._schedule(run.now + self.params["reboot_share"] * node["work_s"], "rebooted", node["name"])
+        elif kind == "rebooted" and node["status"] == "in_flight":
+            self.verify_queue.append(node["name"])
+        elif kind == "verified":
+            run._schedule(run.now + policy.node_soak_s(node["stage"]), "end", node["name"])
+
+    def stats(self):
+        return {"worker_peak": self.peak, "passes": self.passes, "jobs": self.jobs}
+
+
+EXECUTORS = {"unbounded": Unbounded, "steps": Steps, "passes": Passes}
 
 
 class BudgetPolicy(object):
@@ -300,8 +495,9 @@ class BudgetPolicy(object):
     name = "default"
     estimates = True
 
-    def __init__(self, options=None, track=False, name=None, estimates=True):
+    def __init__(self, options=None, track=False, name=None, estimates=True, executor=None):
         self.options = rollout_budget.normalize_options(options or {})
+        self.executor = executor or Unbounded()
         self.name = name or self.name
         self.estimates = estimates
         self.track = track
@@ -341,7 +537,17 @@ class BudgetPolicy(object):
         if kind == "tick":
             self.pending_tick = False
         self.next_decision = run.now + POLL_S
-        decision = rollout_budget.decide(run.fleet.nodes, self.options)
+        return self.executor.act(self, run)
+
+    def on_event(self, run, kind, node):
+        """An event of the executor's own (an action's end): the executor's."""
+        self.executor.on_event(self, run, kind, node)
+
+    def apply(self, run, decision, installs=None, acting=None):
+        """Carry out ``decide``'s ``decision``: release on a stop, installs, starts.
+
+        :returns: ``True`` when the run is over (done, or stopped with nothing left in flight).
+        """
         if self.track:
             self._track(run, decision)
         if decision["action"] == "stop":
@@ -353,8 +559,8 @@ class BudgetPolicy(object):
         if decision["action"] == "done":
             self.done_at = run.now
             return True
-        for name in decision["install"]:
-            run.install(name)
+        for name in decision["install"] if installs is None else installs:
+            run.install(name, acting)
         for name in decision["start"]:
             run.start(name)
         if decision["start"]:
@@ -595,8 +801,11 @@ def stage_bound_h(fleet, drain_ahead=True):
 
 
 def _one(args):
-    index, size, seed, bad = args
+    index, size, seed, bad, executor = args
     policy = policies()[index]
+    if executor is not None:
+        kind, forks, params = executor
+        policy.executor = EXECUTORS[kind](forks, **params)
     fleet = Fleet(size, seed, bad, getattr(policy, "estimates", False))
     bound = stage_bound_h(fleet, policy.admits_install())
     return index, bad, fleet.mean_transaction_s(), fleet.class_sizes(), dict(Run(fleet, policy).go(), bound_h=bound)
@@ -619,48 +828,82 @@ def capacity_floor_h(policy, sizes, mean_s):
     return (worst + policy.soak_s()) / 3600.0
 
 
-def simulate(size, runs, processes, names=None):
+def summarize(policy, mine, floor=None):
+    """One policy's row from its runs ``mine`` (``_one``'s results); ``floor``: the capacity floor
+    to compare with (default: the policy's own, :func:`capacity_floor_h`)."""
+    clean = [r for r in mine if r[1] == 0.0]
+    completions = [r[4]["completion_s"] / 3600.0 for r in clean if r[4]["completion_s"] is not None]
+    mean_s = statistics.fmean(r[2] for r in clean)
+    floor = floor if floor is not None else capacity_floor_h(policy, clean[0][3], mean_s)
+    completion = statistics.median(completions) if completions else None
+    row = {
+        "completion_h": round(completion, 2) if completion is not None else None,
+        "completed_runs": len(completions),
+        "capacity_floor_h": round(floor, 2),
+        "completion_over_floor": round(completion / floor, 2) if completion is not None else None,
+        "max_out_of_service_pct": round(max(r[4]["max_oos_pct"] for r in mine), 2),
+        "budget_pct": policy.budget_pct(),
+        "false_stops": len([r for r in clean if r[4]["stopped"]]),
+        "false_stop_reasons": sorted(set(r[4]["stopped"] for r in clean if r[4]["stopped"])),
+        "bad_all_wave_nodes_touched": max(r[4]["waves_started"] for r in mine if r[1] == 1.0),
+        # Wave nodes whose drain began before the stop, installed or not (drained ahead of their
+        # stage and released untouched when the rollout stopped).
+        "bad_all_wave_nodes_drained": max(r[4]["waves_drained"] for r in mine if r[1] == 1.0),
+        "bad_2pct_failed_total": max(r[4]["failed"] for r in mine if r[1] == 0.02),
+        "bad_2pct_stopped_runs": len([r for r in mine if r[1] == 0.02 and r[4]["stopped"]]),
+        "clean_failed_median": statistics.median(r[4]["failed"] for r in clean),
+    }
+    for key in ("worker_peak", "steps", "passes", "jobs"):
+        values = [r[4][key] for r in clean if key in r[4]]
+        if values:
+            row[key if key == "worker_peak" else key + "_median"] = (
+                max(values) if key == "worker_peak" else statistics.median(values))
+    return row, floor, mean_s
+
+
+def simulate(size, runs, processes, names=None, forks=(), executors=("steps", "passes"), params=None, fork_runs=None):
+    """Every policy over ``runs`` seeds of each scenario; with ``forks``, the default policy again
+    on each executor of ``executors`` with each worker count (``by_forks``: the steps executor,
+    ``by_forks_passes``: the pass executor), over ``fork_runs`` seeds (default ``runs``)."""
+    params = params or {}
     jobs = []
     for index in range(len(policies())):
         if names and policies()[index].name not in names:
             continue
         for run in range(runs):
             for bad in (0.0, 1.0, 0.02):
-                jobs.append((index, size, 1000 + run, bad))
+                jobs.append((index, size, 1000 + run, bad, None))
+    for kind in executors if forks else ():
+        for count in forks:
+            for run in range(fork_runs or runs):
+                for bad in (0.0, 1.0, 0.02):
+                    jobs.append((0, size, 1000 + run, bad, (kind, count, params)))
     with multiprocessing.Pool(processes) as pool:
         results = pool.map(_one, jobs, chunksize=1)
     out = {}
+    mean_s = None
     for index, policy in enumerate(policies()):
-        mine = [r for r in results if r[0] == index]
+        mine = [r for r, job in zip(results, jobs) if r[0] == index and job[4] is None]
         if not mine:
             continue
-        clean = [r for r in mine if r[1] == 0.0]
-        completions = [r[4]["completion_s"] / 3600.0 for r in clean if r[4]["completion_s"] is not None]
-        mean_s = statistics.fmean(r[2] for r in clean)
-        floor = capacity_floor_h(policy, clean[0][3], mean_s)
-        completion = statistics.median(completions) if completions else None
-        out[policy.name] = {
-            "completion_h": round(completion, 2) if completion is not None else None,
-            "completed_runs": len(completions),
-            "capacity_floor_h": round(floor, 2),
-            "completion_over_floor": round(completion / floor, 2) if completion is not None else None,
-            "max_out_of_service_pct": round(max(r[4]["max_oos_pct"] for r in mine), 2),
-            "budget_pct": policy.budget_pct(),
-            "false_stops": len([r for r in clean if r[4]["stopped"]]),
-            "false_stop_reasons": sorted(set(r[4]["stopped"] for r in clean if r[4]["stopped"])),
-            "bad_all_wave_nodes_touched": max(r[4]["waves_started"] for r in mine if r[1] == 1.0),
-            # Wave nodes whose drain began before the stop, installed or not (drained ahead of their
-            # stage and released untouched when the rollout stopped).
-            "bad_all_wave_nodes_drained": max(r[4]["waves_drained"] for r in mine if r[1] == 1.0),
-            "bad_2pct_failed_total": max(r[4]["failed"] for r in mine if r[1] == 0.02),
-            "bad_2pct_stopped_runs": len([r for r in mine if r[1] == 0.02 and r[4]["stopped"]]),
-            "clean_failed_median": statistics.median(r[4]["failed"] for r in clean),
-        }
+        out[policy.name], floor, mean_s = summarize(policy, mine)
         if isinstance(policy, BudgetPolicy):
             # What stage order alone costs: even a schedule that knew every drain needs this much
             # (drains ahead of the stages allowed).
             out[policy.name]["stage_bound_over_floor"] = round(
-                statistics.median(r[4]["bound_h"] for r in clean) / floor, 2)
+                statistics.median(r[4]["bound_h"] for r in mine if r[1] == 0.0) / floor, 2)
+    if forks:
+        default = policies()[0]
+        row = out.setdefault(default.name, {})
+        for kind in executors:
+            table = {}
+            for count in forks:
+                mine = [r for r, job in zip(results, jobs) if job[4] is not None and job[4][:2] == (kind, count)]
+                clean = [r for r in mine if r[1] == 0.0]
+                floor = capacity_floor_h(default, clean[0][3], statistics.fmean(r[2] for r in clean))
+                table[str(count)], _floor, mean_s = summarize(default, mine, floor)
+            row["by_forks" if kind == "steps" else "by_forks_" + kind] = table
+        row["executor"] = dict(EXECUTOR_DEFAULTS, **params)
     return {"nodes": size, "runs": runs, "classes": dict(CLASSES), "mean_transaction_min": round(mean_s / 60.0, 1),
             "failures_per_gpu_day": FAILURES_PER_GPU_DAY, "policies": out}
 
@@ -672,6 +915,14 @@ def main(argv=None):
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--policies", help="comma-separated policy names to run (default: all)")
+    parser.add_argument("--forks", default="100,200,500,1000",
+                        help="worker counts for by_forks (comma-separated; empty: none)")
+    parser.add_argument("--executors", default="steps,passes",
+                        help="executors for by_forks: steps (playbooks/rollout.yml as it runs), passes (the state machine)")
+    parser.add_argument("--fork-runs", type=int, help="seeds per scenario for by_forks (default: --runs)")
+    for key, value in sorted(EXECUTOR_DEFAULTS.items()):
+        parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=value,
+                            help="executor parameter (default %s)" % value)
     parser.add_argument("--breakdown", type=int, metavar="SEED",
                         help="run the default policy once on a clean fleet and print where each class's time goes")
     args = parser.parse_args(argv)
@@ -684,8 +935,11 @@ def main(argv=None):
                           "classes": policy.breakdown(_Done(fleet))},
                          indent=1, sort_keys=True))
         return 0
+    forks = [int(count) for count in args.forks.split(",") if count.strip()]
+    params = dict((key, getattr(args, key)) for key in EXECUTOR_DEFAULTS)
     result = simulate(args.nodes, args.runs, args.processes,
-                      set(args.policies.split(",")) if args.policies else None)
+                      set(args.policies.split(",")) if args.policies else None,
+                      forks, [kind for kind in args.executors.split(",") if kind], params, args.fork_runs)
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True))
         return 0

@@ -294,36 +294,8 @@ def journal_lost(result, found):
         result.setdefault("warnings", []).append(summary)
 
 
-def choose_hosts(nodes, options, limit):
-    """The hosts of the next step: nodes in flight (to resume) first, then nodes that can start.
-
-    :param nodes: ``rollout_journal.fleet_state``; :param limit: at most this many hosts (the controller's
-        forks, so that every host of the step has a worker while it waits for its slot).
-    :returns: ``(decision, [names])``. Beyond what may start now, the step takes the next nodes
-        of each class in stage order, classes in turn: they wait for their slot (and their stage)
-        in the same step, so that slots freed during the step are filled at once.
-    """
-    decision = rollout_budget.decide(nodes, options)
-    if decision["action"] in ("stop", "done"):
-        return decision, [n["name"] for n in nodes if n["status"] == "in_flight"][:limit]
-    hosts = [n["name"] for n in nodes if n["status"] == "in_flight"]
-    chosen = set(hosts)
-    for name in decision["start"]:
-        if name not in chosen:
-            hosts.append(name)
-            chosen.add(name)
-    queues = {}
-    for stage in rollout_budget.STAGES:
-        for node in nodes:
-            if node["status"] == "pending" and not node.get("out_of_service") and node["name"] not in chosen \
-                    and node["stage"] == stage:
-                queues.setdefault(node["class"], []).append(node["name"])
-    order = sorted(queues)
-    while len(hosts) < limit and any(queues.values()):
-        for klass in order:
-            if queues[klass] and len(hosts) < limit:
-                hosts.append(queues[klass].pop(0))
-    return decision, hosts[:limit]
+#: The hosts of the next step (the simulation's fixed-step executor runs the same function).
+choose_hosts = rollout_budget.step_hosts
 
 
 class ActionModule(ControllerAction):

@@ -726,3 +726,39 @@ def decide(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
     result["start"] = chosen
     result["action"] = "start" if chosen or result["install"] else "wait"
     return result
+
+
+def step_hosts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
+               limit: int) -> Tuple[Dict[str, Any], List[str]]:
+    """The hosts of the next step of ``playbooks/rollout.yml``: nodes in flight (to resume) first,
+    then nodes that can start (``rollout_step`` state=choose, and the simulation's fixed-step executor).
+
+    :param nodes: ``rollout_journal.fleet_state`` (the shape :func:`decide` reads); :param options:
+        :func:`normalize_options`; :param limit: at most this many hosts (the controller's forks, so
+        that every host of the step has a worker while it waits for its slot).
+    :returns: ``(decision, [names])``. Beyond what may start now, the step takes the next nodes
+        of each class in stage order, classes in turn: they wait for their slot (and their stage)
+        in the same step, so that slots freed during the step are filled at once.
+    :raises: what :func:`decide` raises.
+    """
+    decision = decide(nodes, options)
+    if decision["action"] in ("stop", "done"):
+        return decision, [n["name"] for n in nodes if n["status"] == "in_flight"][:limit]
+    hosts = [n["name"] for n in nodes if n["status"] == "in_flight"]
+    chosen = set(hosts)
+    for name in decision["start"]:
+        if name not in chosen:
+            hosts.append(name)
+            chosen.add(name)
+    queues = {}
+    for stage in STAGES:
+        for node in nodes:
+            if node["status"] == "pending" and not node.get("out_of_service") and node["name"] not in chosen \
+                    and node["stage"] == stage:
+                queues.setdefault(node["class"], []).append(node["name"])
+    order = sorted(queues)
+    while len(hosts) < limit and any(queues.values()):
+        for klass in order:
+            if queues[klass] and len(hosts) < limit:
+                hosts.append(queues[klass].pop(0))
+    return decision, hosts[:limit]

@@ -1,0 +1,97 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.nvidia contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The simulation's executors (benchmarks/rollout/simulate.py) against the rules they model.
+
+``steps`` is ``playbooks/rollout.yml`` as it runs (hosts fixed per step, a worker per host for
+its whole transaction, a barrier per step, 12 steps a job); ``passes`` is the per-node state
+machine (a worker only while a node acts). These are unit tests of the model: the decisions are
+the collection's own ``rollout_budget`` code, the fleet is virtual.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+sys.path.insert(0, os.path.join(REPO, "benchmarks", "rollout"))
+
+import simulate  # noqa: E402  pylint: disable=wrong-import-position
+
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget  # noqa: E402  pylint: disable=wrong-import-position
+
+
+def run(executor, size=200, seed=1000, bad=0.0):
+    policy = simulate.BudgetPolicy(executor=executor)
+    fleet = simulate.Fleet(size, seed, bad)
+    return fleet, simulate.Run(fleet, policy).go()
+
+
+@pytest.mark.parametrize("kind", ["steps", "passes"])
+def test_workers_never_above_forks_and_the_fleet_finishes(kind):
+    fleet, result = run(simulate.EXECUTORS[kind](4))
+    assert result["completion_s"] is not None and result["stopped"] is None
+    assert 1 <= result["worker_peak"] <= 4
+    assert all(node["status"] in ("done", "failed") for node in fleet.nodes)
+    # 10 % of each class: the budget holds whatever the executor.
+    assert result["max_oos_pct"] <= 10.0
+
+
+def test_fixed_steps_with_few_workers_take_longer_than_the_decisions_alone():
+    _fleet, unbounded = run(simulate.Unbounded())
+    _fleet, steps = run(simulate.Steps(4))
+    _fleet, passes = run(simulate.Passes(4))
+    # 200 nodes, budget 10 % of each class: up to 20 nodes in flight; 4 workers hold 4 of them
+    # for whole transactions in fixed steps; the passes hold a worker only while a node acts.
+    assert unbounded["worker_peak"] > 4
+    assert steps["completion_s"] > passes["completion_s"] > unbounded["completion_s"] * 0.99
+    assert steps["steps"] >= 200 // 4
+    # 12 steps a job: more than one job, each after the gap.
+    assert steps["jobs"] == -(-steps["steps"] // 12)
+
+
+@pytest.mark.parametrize("kind", ["steps", "passes"])
+def test_the_step_barrier_waits_for_the_slowest_host(kind):
+    """Fixed steps: no node of a later step starts before the slow node of its step is done; the
+    passes start nodes meanwhile (the slow node holds its slot, not the executor)."""
+    fleet = simulate.Fleet(60, 1000, 0.0)
+    for node in fleet.nodes:
+        node["drain_s"], node["work_s"] = 60.0, 600.0
+    slow = [node for node in fleet.nodes if node["stage"] == "waves"][0]
+    # The scheduler knows its jobs run long: it is the first wave node of its class to start.
+    slow["drain_s"] = slow["drain_estimate_s"] = 36000.0
+    policy = simulate.BudgetPolicy(executor=simulate.EXECUTORS[kind](3, job_gap_s=0.0))
+    result = simulate.Run(fleet, policy).go()
+    assert result["completion_s"] >= slow["drain_s"] + slow["work_s"]
+    meanwhile = [node for node in fleet.nodes if slow["started_at"] < node["started_at"] < slow["finished_at"]]
+    later = [node for node in fleet.nodes if node["started_at"] > slow["started_at"]]
+    assert len(later) > 20
+    if kind == "steps":
+        # Only the hosts of the slow node's own step (at most 2 more) start while it drains.
+        assert len(meanwhile) <= 2
+    else:
+        assert len(meanwhile) > 20
+
+
+def test_step_hosts_is_the_actions_choice():
+    """The fixed-step executor and the rollout_step action choose a step's hosts with one function."""
+    from ansible_collections.gpufleet.nvidia.plugins.action import rollout_step
+    assert rollout_step.choose_hosts is rollout_budget.step_hosts
+
+
+def test_by_forks_rows_carry_the_issue_keys():
+    result = simulate.simulate(120, 1, 1, names={"default"}, forks=[2, 8], executors=("steps", "passes"))
+    row = result["policies"]["default"]
+    for table in (row["by_forks"], row["by_forks_passes"]):
+        assert sorted(table) == ["2", "8"]
+        for forks, figures in table.items():
+            for key in ("completion_h", "completion_over_floor", "worker_peak", "max_out_of_service_pct",
+                        "false_stops", "bad_all_wave_nodes_touched", "bad_2pct_failed_total"):
+                assert key in figures, key
+            assert figures["worker_peak"] <= int(forks)
+            assert figures["capacity_floor_h"] == row["capacity_floor_h"]
+        assert table["8"]["completion_h"] < table["2"]["completion_h"]
+    assert row["executor"]["steps_per_job"] == 12
