@@ -286,6 +286,8 @@ def test_slurm_reboot_upgrades_a_busy_node_after_its_job_without_the_controller_
     node03 = rollouts.slurm_node("node03")
     assert node03["drain"] and "REBOOT_REQUESTED" in node03["flags"], node03
     assert node03["reason"] == "gpufleet slurm-r: driver rollout", node03
+    # The hold is written; it keeps slurmd from starting only in a later boot.
+    assert slurmd_held(rollouts, "node03") == (True, True)
     # Slurm reboots the node once the job has ended and leaves it DOWN (nextstate=DOWN): not in service.
     release(rollouts, "node03", "/root/go-r")
     wait_for(lambda: rollouts.job_state(job) == "", JOB_S + 120, "job %s to end" % job)
@@ -300,6 +302,7 @@ def test_slurm_reboot_upgrades_a_busy_node_after_its_job_without_the_controller_
     time.sleep(10)
     assert rollouts.job_state(queued) == "PENDING"
     assert _base_state(rollouts, "node03") == "DOWN"
+    assert slurmd_held(rollouts, "node03") == (True, False)
     # The next run verifies it, then resumes it.
     code, log = rollouts.rollout("slurm-r", "node03", "-e", "node_upgrade_drain=slurm_reboot")
     assert code == 0, log[-4000:]
@@ -316,8 +319,16 @@ def test_slurm_reboot_upgrades_a_busy_node_after_its_job_without_the_controller_
     assert queued_start > float(record["marks"]["verified"]), (queued_start, record["marks"])
     node03 = wait_for_state(rollouts, "node03", "IDLE", timeout=60)
     assert node03["reason"] is None, node03
+    assert slurmd_held(rollouts, "node03") == (False, True)
     assert rollouts.fleet.run("node03", "test -e /var/lib/gpufleet/rollout/drain.json").returncode == 1
     assert not rollouts.lock_exists("node03")
+
+
+def slurmd_held(rollouts, node):
+    """(hold file on the node, slurmd running there): the hold of tasks/slurm_reboot.yml."""
+    held = rollouts.fleet.run(node, "test -e /var/lib/gpufleet/rollout/slurmd-hold.json").returncode == 0
+    active = rollouts.fleet.run(node, "systemctl is-active slurmd.service").stdout.strip() == "active"
+    return held, active
 
 
 def test_slurm_reboot_into_a_failing_driver_never_takes_a_job(slurm_rollouts, first_rollout):
@@ -336,8 +347,12 @@ def test_slurm_reboot_into_a_failing_driver_never_takes_a_job(slurm_rollouts, fi
     wait_for(lambda: rollouts.fleet.run("node02", ["true"]).returncode == 0, 120, "node02's sshd after its reboot")
     wait_for(lambda: _base_state(rollouts, "node02") == "DOWN", 300, "node02 DOWN in Slurm after its reboot")
     pinned = rollouts.sbatch("node02", "hostname > /root/job-pinned")
-    time.sleep(5)
+    # slurmctld pings every SlurmdTimeout / 3 (20 s) and, with ReturnToService=2, returns a DOWN
+    # node that answers to service: slurmd is held at this boot, so two pings later node02 is DOWN still.
+    time.sleep(45)
+    assert _base_state(rollouts, "node02") == "DOWN"
     assert rollouts.job_state(pinned) == "PENDING"
+    assert slurmd_held(rollouts, "node02") == (True, False)
     # The next run finds a GPU missing: not verified, rolled back, left drained and flagged.
     code, log = rollouts.rollout("slurm-f", "node02", "-e", "node_upgrade_drain=slurm_reboot")
     assert code == 2, log[-4000:]
@@ -353,6 +368,9 @@ def test_slurm_reboot_into_a_failing_driver_never_takes_a_job(slurm_rollouts, fi
     # any node runs elsewhere.
     assert rollouts.job_state(pinned) in ("PENDING", "")
     assert rollouts.fleet.run("node02", "test -e /root/job-pinned").returncode == 1
+    # Rebooted into the last known-good driver, it is held still: out of service until an operator
+    # (or rollback.yml) returns it.
+    assert slurmd_held(rollouts, "node02") == (True, False)
     proc = rollouts.fleet.slurm(["sbatch", "--parsable", "--chdir=/root", "--gres=gpu:1",
                                  "--output=/root/job-%j.out", "--wrap", "hostname > /root/job-free"], check=True)
     free = proc.stdout.strip().split(";")[0]
@@ -361,3 +379,14 @@ def test_slurm_reboot_into_a_failing_driver_never_takes_a_job(slurm_rollouts, fi
               if os.path.exists(os.path.join(rollouts.fleet.root_of(n), "root", "job-free"))]
     assert ran_on and "node02" not in ran_on, ran_on
     rollouts.fleet.slurm(["scancel", pinned])
+    # Its GPU back, rollback.yml (the plain slurm mode of the inventory) returns it: the hold lifted,
+    # slurmd started and registered, the node resumed, the flag cleared.
+    rollouts.fleet.fault("node02", "clear")
+    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=node02", "-e", "rollback_id=slurm-f-back",
+                             "-e", "rollback_report_dir=%s" % rollouts.report_dir("slurm-f-back"))
+    assert code == 0, log[-4000:]
+    node02 = wait_for_state(rollouts, "node02", "IDLE", timeout=60)
+    assert node02["reason"] is None, node02
+    assert slurmd_held(rollouts, "node02") == (False, True)
+    assert rollouts.flag("node02") is None
+    assert_on(rollouts, "node02", BASELINE)
