@@ -113,6 +113,45 @@ INVENTORY = INVENTORY_VARS + """\
 BASELINE_PLAYBOOK = baseline_playbook(BASELINE)
 
 
+#: The environment variable that marks every process a run starts: the environment is inherited
+#: through fork, exec and setsid, so a worker or an SSH master in a session of its own keeps it.
+RUN_MARK = "GPUFLEET_TEST_RUN"
+
+
+def processes_of(marks):
+    """Pids of the processes (this one excepted) whose environment holds ``GPUFLEET_TEST_RUN=<mark>``
+    for one of ``marks``, read from ``/proc/<pid>/environ``."""
+    needles = set(("%s=%s" % (RUN_MARK, mark)).encode() for mark in marks)
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as handle:
+                environ = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if needles.intersection(environ):
+            found.append(int(pid))
+    return found
+
+
+def reap(marks, timeout=30):
+    """SIGKILL every process of ``marks`` until none is left or ``timeout`` seconds have passed;
+    returns the pids still there (empty when all are gone)."""
+    deadline = time.time() + timeout
+    left = processes_of(marks)
+    while left and time.time() < deadline:
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.2)
+        left = processes_of(marks)
+    return left
+
+
 class Rollouts(object):
     """The fleet and the test's directory (inventory additions, drain markers, reports)."""
 
@@ -120,6 +159,7 @@ class Rollouts(object):
         self.fleet = fleet
         self.dir = workdir
         self.env = env
+        self.marks = []
         self.inventory = os.path.join(workdir, "rollout-inventory.yml")
         os.makedirs(os.path.join(workdir, "drained"), exist_ok=True)
         with open(self.inventory, "w") as handle:
@@ -130,9 +170,16 @@ class Rollouts(object):
         return [tool, "-i", self.fleet.inventory, "-i", self.inventory, playbook] + list(extra)
 
     def start(self, playbook, *extra):
-        log = open(os.path.join(self.dir, "run-%d.log" % time.time_ns()), "w")
-        return subprocess.Popen(self.argv(playbook, *extra), env=ansible_env(self.env), cwd=self.dir, stdout=log,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True), log.name
+        """Start ``ansible-playbook``; every process it starts carries the run's mark (:func:`processes_of`)."""
+        stamp = time.time_ns()
+        log = open(os.path.join(self.dir, "run-%d.log" % stamp), "w")
+        mark = "%s:%d" % (self.dir, stamp)
+        self.marks.append(mark)
+        env = ansible_env(dict(self.env or {}, **{RUN_MARK: mark}))
+        proc = subprocess.Popen(self.argv(playbook, *extra), env=env, cwd=self.dir, stdout=log,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc.mark = mark
+        return proc, log.name
 
     def run(self, playbook, *extra, timeout=1800):
         proc, log = self.start(playbook, *extra)
@@ -188,22 +235,29 @@ class Rollouts(object):
             return json.load(handle)
 
     def kill(self, proc):
-        """Kill a controller as a crash would (SIGKILL to its process group), then every process left that
-        runs with this test's inventory: an ansible worker that moved to a session of its own survives the
-        group's kill and would go on against the fleet."""
+        """Kill a controller as a crash would (SIGKILL to its process group), then every process its run
+        started: an ansible worker or an SSH master in a session of its own survives the group's kill
+        and would go on against the fleet. Asserts that none is left; returns how many processes the
+        run had (``found``) and how many of them were outside the controller's session (``other_sessions``)."""
+        found = processes_of([proc.mark])
+        other_sessions = []
+        for pid in found:
+            try:
+                if os.getsid(pid) != proc.pid:
+                    other_sessions.append(pid)
+            except OSError:
+                pass
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-        for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as handle:
-                    argv = handle.read().split(b"\0")
-            except OSError:
-                continue
-            if self.inventory.encode() in argv:
-                try:
-                    os.kill(int(pid), signal.SIGKILL)
-                except OSError:
-                    pass
+        left = reap([proc.mark])
+        assert not left, "processes of the killed run still alive: %s" % left
+        return {"found": len(found), "other_sessions": len(other_sessions)}
+
+    def reap(self):
+        """End every process any run of this handle started (SSH masters left by runs that ended
+        included); asserts that none is left."""
+        left = reap(self.marks)
+        assert not left, "processes of this test's runs still alive: %s" % left
 
     def sh(self, node, command):
         return self.fleet.run(node, command, check=True).stdout
@@ -257,6 +311,7 @@ def rollout_fleet(tmp_path_factory, name, ports, layout, **rollouts_args):
         code, log = handle.run(baseline, "-f", "12")
         assert code == 0, log[-4000:]
         yield handle
+        handle.reap()
     finally:
         if os.environ.get("SIMFLEET_TEST_KEEP") != "1":
             fleet.down(purge=True)
@@ -339,12 +394,14 @@ def test_rollout_killed_in_a_wave_resumes_without_redoing_nodes(rollouts, tmp_pa
         node03 = rollouts.record("ltsb", "node03")
         if node03 and node03["result"] == "upgraded" and rollouts.fleet.run(
                 "node04", "test -d /run/gpufleet-bench-waited").returncode == 0:
-            rollouts.kill(proc)
-            killed = True
+            killed = rollouts.kill(proc)
             break
         time.sleep(1)
     proc.wait(timeout=60)
     assert killed, "the first run ended before node04 rebooted: %s" % open(log).read()[-3000:]
+    # The run had its workers and their SSH connections; none outlived the kill (Rollouts.kill asserts it).
+    assert killed["found"] > 1, killed
+    print("killed run: %(found)d processes, %(other_sessions)d outside the controller's session" % killed)
     # The killed step rendered no report; its records and journal say where it was: node04 in flight,
     # already on its new driver, drained and locked.
     assert rollouts.record("ltsb", "node04") is None

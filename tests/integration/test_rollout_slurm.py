@@ -123,6 +123,7 @@ def slurm_rollouts(tmp_path_factory):
         code, log = handle.run(baseline)
         assert code == 0, log[-4000:]
         yield handle
+        handle.reap()
     finally:
         if os.environ.get("SIMFLEET_TEST_KEEP") != "1":
             fleet.down(purge=True)
