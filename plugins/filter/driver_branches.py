@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Controller-side filters for NVIDIA driver branches, versions and CUDA compatibility.
 
-Thin wrappers over ``module_utils.branch_catalog`` and the driver package modules of ``module_utils``; each
+Thin wrappers over the branch catalog, driver resolution and CUDA modules of ``module_utils`` and the driver package modules of ``module_utils``; each
 filter's documentation is in the ``<filter>.yml`` file beside this one.
 """
 
@@ -14,6 +14,9 @@ import datetime
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog as bc
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import cuda_compat
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_versions
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_resolution
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_local_facts as local_facts
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_repository as repository
@@ -35,12 +38,12 @@ def _today(today):
 
 def driver_resolve(gpus, branch="ltsb", version=None, kernel_module_type="auto", allow_eol=False, today=None,
                    available_versions=None, declared_architectures=None, catalog=None, node=None):
-    """Resolve a driver request to one exact version for the GPUs given (see branch_catalog.resolve_driver)."""
+    """Resolve a driver request to one exact version for the GPUs given (see driver_resolution.resolve_driver)."""
     try:
-        return bc.resolve_driver(_catalog(catalog), branch=branch, gpus=gpus or [], today=_today(today),
-                                 version=version or None, kernel_module_type=kernel_module_type,
-                                 available_versions=available_versions, allow_eol=bool(allow_eol), node=node,
-                                 declared_architectures=declared_architectures)
+        return driver_resolution.resolve_driver(
+            _catalog(catalog), branch=branch, gpus=gpus or [], today=_today(today), version=version or None,
+            kernel_module_type=kernel_module_type, available_versions=available_versions,
+            allow_eol=bool(allow_eol), node=node, declared_architectures=declared_architectures)
     except bc.ResolutionError as exc:
         raise AnsibleFilterError(exc.message)
 
@@ -48,7 +51,7 @@ def driver_resolve(gpus, branch="ltsb", version=None, kernel_module_type="auto",
 def cuda_min_driver(toolkit, mode="toolkit"):
     """CUDA toolkit version → minimum driver version (mode toolkit) or branch (mode minor)."""
     try:
-        return bc.cuda_minimum_driver(toolkit, mode=mode)["minimum_driver"]
+        return cuda_compat.cuda_minimum_driver(toolkit, mode=mode)["minimum_driver"]
     except ValueError as exc:
         raise AnsibleFilterError(str(exc))
 
@@ -56,18 +59,18 @@ def cuda_min_driver(toolkit, mode="toolkit"):
 def driver_supports_cuda(driver_version, toolkit):
     """True when the driver meets the toolkit's minimum driver version."""
     try:
-        return bc.driver_supports_cuda(str(driver_version), toolkit)
+        return cuda_compat.driver_supports_cuda(str(driver_version), toolkit)
     except ValueError as exc:
         raise AnsibleFilterError(str(exc))
 
 
 def driver_branch(version):
     """Driver version → branch, ``580.126.20`` → ``580``; a branch stays a branch (``R580`` → ``580``)."""
-    branch = bc.parse_branch(version)
+    branch = driver_versions.parse_branch(version)
     if branch is not None:
         return branch
     try:
-        return bc.branch_of_version(str(version))
+        return driver_versions.branch_of_version(str(version))
     except ValueError as exc:
         raise AnsibleFilterError(str(exc))
 
@@ -80,7 +83,7 @@ def driver_branch_info(branch, catalog=None, today=None):
         info.update(bc.eol_status(cat, branch, _today(today)))
     except bc.ResolutionError as exc:
         raise AnsibleFilterError(exc.message)
-    info["branch"] = bc.parse_branch(branch)
+    info["branch"] = driver_versions.parse_branch(branch)
     info["catalog_as_of"] = cat.get("as_of")
     return info
 
@@ -151,7 +154,7 @@ def driver_repository(distribution, url=None, fingerprint=None, suite="/", compo
 def driver_verify_module(target_version, modinfo_output, running_kernel=None):
     """Compare the module on disk for the running kernel with the driver installed (cases 23, 24)."""
     text = (modinfo_output or "").strip()
-    found = text.splitlines()[0].strip() if text and bc.is_version(text.splitlines()[0].strip()) else None
+    found = text.splitlines()[0].strip() if text and driver_versions.is_version(text.splitlines()[0].strip()) else None
     return package_failures.verify_module_build(str(target_version), found, running_kernel)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.branch_catalog import version_key
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import version_key
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_packages import is_driver_package
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.package_sets import installed_driver_version
 

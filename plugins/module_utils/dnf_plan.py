@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.branch_catalog import version_key
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import version_key
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.package_sets import module_stream
 

@@ -22,6 +22,7 @@ import tempfile
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import apt_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog as bc
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_resolution
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import distributions
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_sets
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import package_transaction
@@ -212,7 +213,7 @@ def resolve_and_plan(module, nvswitches):
     and plan its transaction; reads only.
 
     :param nvswitches: NVSwitch devices found (:func:`count_nvswitches`).
-    :returns: ``{"resolved": branch_catalog.resolve_driver(...), "plan": package_transaction.plan_transaction(...),
+    :returns: ``{"resolved": driver_resolution.resolve_driver(...), "plan": package_transaction.plan_transaction(...),
         "installed": [records], "held": [names] (apt), "preferences": str|None (the pin file now, apt),
         "stream": str|None, "locks": [str] (dnf), "available_versions": [str]|None, "fabric_manager": bool,
         "nvswitch_count": int, "repository_source": "system"|"preview"|"none", "warnings": [str]}``.
@@ -253,7 +254,7 @@ def resolve_and_plan(module, nvswitches):
             warnings.append("no repository information: versions come from the catalog (as of %s) and are not "
                             "checked against a repository" % catalog.get("as_of"))
         try:
-            resolved = bc.resolve_driver(
+            resolved = driver_resolution.resolve_driver(
                 catalog, branch=p["branch"], gpus=p["gpus"], today=today, version=p["version"],
                 kernel_module_type=p["kernel_module_type"], available_versions=available_versions,
                 allow_eol=p["allow_eol"], node=None, declared_architectures=p["gpu_architectures"])

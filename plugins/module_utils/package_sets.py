@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.branch_catalog import version_key
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import version_key
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_packages import is_driver_package
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.distributions import PlanError, check_distribution

@@ -36,7 +36,7 @@ from __future__ import annotations
 import re
 from typing import Any, Dict, Iterable, List, Optional
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils.branch_catalog import version_key
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import version_key
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_packages import is_driver_package
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.apt_plan import DEFAULT_ORIGIN_PIN, plan_apt

@@ -45,7 +45,7 @@ import json
 from collections import abc
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog, driver_resolution, driver_versions, gpu_architectures
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_policy_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import mig_plan
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import versions_match
@@ -272,7 +272,7 @@ class DriftEngine(object):
         """``(branch, version, error)`` the declaration resolves to for these architectures.
 
         A branch number is taken as is; a class (``ltsb``...) is resolved with
-        ``branch_catalog.resolve_driver`` (newest branch of the class serving every architecture,
+        ``driver_resolution.resolve_driver`` (newest branch of the class serving every architecture,
         end of life honoured). ``error`` is the refusal's message when the request cannot serve
         the GPUs. Source: the branch catalog (docs/driver.md).
         """
@@ -285,13 +285,13 @@ class DriftEngine(object):
         if branch is None and version is None:
             answer = (None, None, None)  # type: Tuple[Optional[str], Optional[str], Optional[str]]
         elif not architectures:
-            parsed = branch_catalog.parse_branch(branch) if branch else None
+            parsed = driver_versions.parse_branch(branch) if branch else None
             if version:
                 parsed = str(version).split(".", 1)[0]
             answer = (parsed, version, None)
         else:
             try:
-                resolved = branch_catalog.resolve_driver(
+                resolved = driver_resolution.resolve_driver(
                     self.catalog, branch=branch or str(version).split(".", 1)[0], gpus=list(architectures),
                     today=self.today, version=version or None,
                     kernel_module_type=declared_driver.get("kernel_module_type") or "auto",
@@ -306,7 +306,7 @@ class DriftEngine(object):
         return answer
 
     def architectures(self, gpus: List[Any]) -> Tuple[str, ...]:
-        """The node's GPU architectures (``branch_catalog.node_architectures``), memoised per
+        """The node's GPU architectures (``driver_resolution.node_architectures``), memoised per
         tuple of the GPUs' ``architecture`` values (fleets have few).
 
         :raises branch_catalog.ResolutionError: for a value that is not an architecture.
@@ -314,7 +314,7 @@ class DriftEngine(object):
         key = tuple(gpu.get("architecture") if isinstance(gpu, dict) else gpu for gpu in gpus)
         if key not in self._archs:
             try:
-                self._archs[key] = tuple(branch_catalog.node_architectures(list(key), None)["architectures"])
+                self._archs[key] = tuple(driver_resolution.node_architectures(list(key), None)["architectures"])
             except branch_catalog.ResolutionError as err:
                 self._archs[key] = err
         found = self._archs[key]
@@ -452,7 +452,7 @@ class DriftEngine(object):
         if want.get("branch") or want.get("version"):
             try:
                 archs = self.architectures(facts.get("gpus") or []) or tuple(
-                    branch_catalog.normalize_architecture(a) for a in want.get("architectures") or [])
+                    gpu_architectures.normalize_architecture(a) for a in want.get("architectures") or [])
             except (branch_catalog.ResolutionError, ValueError):
                 archs = ()
             branch, version, error = self.expected_branch(want, archs)
@@ -461,10 +461,10 @@ class DriftEngine(object):
             loaded_branch = loaded.split(".", 1)[0] if loaded else None
             if branch and loaded_branch != branch:
                 why = ""
-                if want.get("branch") and branch_catalog.parse_branch(want["branch"]) is None:
+                if want.get("branch") and driver_versions.parse_branch(want["branch"]) is None:
                     why = " (%s resolves to R%s for %s)" % (
                         want["branch"], branch,
-                        ", ".join(branch_catalog.architecture_display(a) for a in archs) or "these GPUs")
+                        ", ".join(gpu_architectures.architecture_display(a) for a in archs) or "these GPUs")
                 add("driver_branch", "driver branch %s, declared R%s%s" % (
                     ("R" + loaded_branch) if loaded_branch else "none", branch, why), expected=branch,
                     actual=loaded_branch)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from jinja2 import Environment, StrictUndefined
 
-from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog, state_file
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog, gpu_architectures, state_file
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_next_step import commands, next_step, next_step_text
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import (
     prometheus_textfile,
@@ -168,7 +168,7 @@ def resolution_note(resolved: Optional[Mapping[str, Any]], catalog: Optional[Map
     :returns: ``"ltsb resolves to R580 for Volta: R620, the newest LTSB, does not support Volta"``,
         ``"620.82.01 is in the repository but not in the catalog (as of 2026-11-20)"``, both joined
         with ``"; "``, or ``None`` when there is nothing to say.
-    Source: the branch catalog (``branch_catalog.get_catalog``) and ``branch_catalog.resolve``.
+    Source: the branch catalog (``branch_catalog.get_catalog``) and ``driver_resolution.resolve_driver``.
     """
     if not resolved:
         return None
@@ -192,9 +192,9 @@ def _branch_note(resolved: Mapping[str, Any], catalog: Optional[Mapping[str, Any
     branch = str(resolved.get("branch"))
     if branch == newest:
         return None
-    archs = [branch_catalog.architecture_display(a) for a in resolved.get("architectures") or []]
+    archs = [gpu_architectures.architecture_display(a) for a in resolved.get("architectures") or []]
     served = set(catalog["branches"][newest].get("architectures") or [])
-    missing = [branch_catalog.architecture_display(a) for a in resolved.get("architectures") or []
+    missing = [gpu_architectures.architecture_display(a) for a in resolved.get("architectures") or []
                if a not in served]
     text = "%s resolves to R%s for %s" % (requested, branch, ", ".join(archs) or "these GPUs")
     if missing:

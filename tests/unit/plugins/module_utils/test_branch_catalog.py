@@ -11,6 +11,9 @@ import os
 import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import branch_catalog as bc
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import cuda_compat
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import driver_resolution as dr
+from ansible_collections.gpufleet.nvidia.plugins.module_utils import gpu_architectures
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RELEASES = os.path.join(HERE, "..", "..", "..", "fixtures", "releases", "releases.json")
@@ -57,16 +60,16 @@ def test_eol_status_as_of_2026_11(catalog):
 
 
 def test_normalize_architecture():
-    assert bc.normalize_architecture("Hopper") == "hopper"
-    assert bc.normalize_architecture("Ada Lovelace") == "ada"
-    assert bc.normalize_architecture(9) == "hopper"
-    assert bc.normalize_architecture("5") == "volta"
+    assert gpu_architectures.normalize_architecture("Hopper") == "hopper"
+    assert gpu_architectures.normalize_architecture("Ada Lovelace") == "ada"
+    assert gpu_architectures.normalize_architecture(9) == "hopper"
+    assert gpu_architectures.normalize_architecture("5") == "volta"
     with pytest.raises(ValueError):
-        bc.normalize_architecture("Fermi")
+        gpu_architectures.normalize_architecture("Fermi")
 
 
 def test_h100_ltsb_resolves_to_newest_r620(catalog):
-    res = bc.resolve_driver(catalog, "ltsb", H100, TODAY, node="gpu-h100-01")
+    res = dr.resolve_driver(catalog, "ltsb", H100, TODAY, node="gpu-h100-01")
     assert (res["branch"], res["version"], res["kernel_module_type"]) == ("620", "620.70.06", "open")
     assert res["branch_class"] == "ltsb" and res["eol"] is False
     assert res["gpus"] == "8\u00d7 NVIDIA H100 80GB HBM3 (Hopper)"
@@ -74,26 +77,26 @@ def test_h100_ltsb_resolves_to_newest_r620(catalog):
 
 def test_h100_ltsb_takes_newest_version_in_repository(catalog):
     repo = ["580.126.20", "580.159.03", "620.70.06", "620.82.01"]
-    res = bc.resolve_driver(catalog, "ltsb", H100, TODAY, available_versions=repo)
+    res = dr.resolve_driver(catalog, "ltsb", H100, TODAY, available_versions=repo)
     assert res["version"] == "620.82.01"
     assert res["version_source"] == "repository" and res["in_catalog"] is False
     assert "not in the catalog" in res["warnings"][0]
 
 
 def test_v100_ltsb_resolves_to_r580_proprietary(catalog):
-    res = bc.resolve_driver(catalog, "ltsb", V100, TODAY)
+    res = dr.resolve_driver(catalog, "ltsb", V100, TODAY)
     assert (res["branch"], res["version"], res["kernel_module_type"]) == ("580", "580.178.04", "proprietary")
 
 
 def test_l40s_pb_resolves_to_r595(catalog):
-    res = bc.resolve_driver(catalog, "pb", L40S, TODAY)
+    res = dr.resolve_driver(catalog, "pb", L40S, TODAY)
     assert (res["branch"], res["version"]) == ("595", "595.91.07")
 
 
 @pytest.mark.parametrize("branch", ["595", "620", "R620"])
 def test_v100_refused_after_r580_naming_gpus(catalog, branch):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, branch, V100, TODAY, node="gpu-v100-01")
+        dr.resolve_driver(catalog, branch, V100, TODAY, node="gpu-v100-01")
     assert err.value.code == "architecture_unsupported"
     msg = str(err.value)
     assert "gpu-v100-01" in msg and "8\u00d7 Tesla V100-SXM2-32GB (Volta)" in msg
@@ -103,7 +106,7 @@ def test_v100_refused_after_r580_naming_gpus(catalog, branch):
 
 def test_b200_proprietary_refused(catalog):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "580", B200, TODAY, kernel_module_type="proprietary")
+        dr.resolve_driver(catalog, "580", B200, TODAY, kernel_module_type="proprietary")
     assert err.value.code == "proprietary_unsupported"
     assert "NVIDIA B200 (Blackwell)" in str(err.value)
     assert "proprietary kernel modules do not support Blackwell" in str(err.value)
@@ -111,14 +114,14 @@ def test_b200_proprietary_refused(catalog):
 
 def test_proprietary_refused_on_r620_even_for_hopper(catalog):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "620", H100, TODAY, kernel_module_type="proprietary")
+        dr.resolve_driver(catalog, "620", H100, TODAY, kernel_module_type="proprietary")
     assert err.value.code == "proprietary_unsupported"
     assert "R620 ships open kernel modules only" in str(err.value)
 
 
 def test_open_refused_before_turing(catalog):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "580", V100, TODAY, kernel_module_type="open")
+        dr.resolve_driver(catalog, "580", V100, TODAY, kernel_module_type="open")
     assert err.value.code == "open_unsupported"
     assert "open kernel modules need Turing or later, not Volta" in str(err.value)
 
@@ -126,17 +129,17 @@ def test_open_refused_before_turing(catalog):
 @pytest.mark.parametrize("branch,newest", [("535", "535.274.02"), ("570", "570.211.01")])
 def test_eol_branches_refused_unless_allowed(catalog, branch, newest):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, branch, H100, TODAY)
+        dr.resolve_driver(catalog, branch, H100, TODAY)
     assert err.value.code == "eol"
     assert "driver_allow_eol" in str(err.value)
-    res = bc.resolve_driver(catalog, branch, H100, TODAY, allow_eol=True)
+    res = dr.resolve_driver(catalog, branch, H100, TODAY, allow_eol=True)
     assert res["version"] == newest and res["eol"] is True
     assert "end of life since" in res["warnings"][0]
 
 
 def test_version_not_in_repository_refused(catalog):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "580", H100, TODAY, version="580.105.08",
+        dr.resolve_driver(catalog, "580", H100, TODAY, version="580.105.08",
                           available_versions=["580.126.20", "580.159.03", "620.70.06"])
     assert err.value.code == "version_not_in_repository"
     assert "The repository offers for R580: 580.126.20, 580.159.03." in str(err.value)
@@ -144,16 +147,16 @@ def test_version_not_in_repository_refused(catalog):
 
 def test_version_not_in_branch_refused(catalog):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "580", H100, TODAY, version="595.71.05")
+        dr.resolve_driver(catalog, "580", H100, TODAY, version="595.71.05")
     assert err.value.code == "version_not_in_branch"
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "ltsb", H100, TODAY, version="595.71.05")
+        dr.resolve_driver(catalog, "ltsb", H100, TODAY, version="595.71.05")
     assert err.value.code == "version_not_in_branch"
     assert "a Production Branch, not a Long Term Support Branch" in str(err.value)
 
 
 def test_exact_version_downgrade_target_accepted(catalog):
-    res = bc.resolve_driver(catalog, "580", H100, TODAY, version="580.126.20",
+    res = dr.resolve_driver(catalog, "580", H100, TODAY, version="580.126.20",
                             available_versions=["580.126.20", "580.159.03", "620.70.06"])
     assert (res["branch"], res["version"], res["version_source"]) == ("580", "580.126.20", "request")
     assert res["kernel_module_type"] == "open"
@@ -161,27 +164,27 @@ def test_exact_version_downgrade_target_accepted(catalog):
 
 def test_nfb_without_known_version_is_refused_then_resolved_from_repository(catalog):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "nfb", H100, TODAY)
+        dr.resolve_driver(catalog, "nfb", H100, TODAY)
     assert err.value.code == "no_branch"
     assert "R615 has no version in the catalog" in str(err.value)
-    res = bc.resolve_driver(catalog, "nfb", H100, TODAY, available_versions=["615.44.02", "620.70.06"])
+    res = dr.resolve_driver(catalog, "nfb", H100, TODAY, available_versions=["615.44.02", "620.70.06"])
     assert (res["branch"], res["version"]) == ("615", "615.44.02")
 
 
 def test_mixed_volta_and_blackwell_has_no_flavour(catalog):
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "580", V100[:1] + B200[:1], TODAY)
+        dr.resolve_driver(catalog, "580", V100[:1] + B200[:1], TODAY)
     assert err.value.code == "flavour_conflict"
 
 
 def test_declared_architectures_when_no_gpu_facts(catalog):
-    res = bc.resolve_driver(catalog, "ltsb", [], TODAY, declared_architectures=["Volta"])
+    res = dr.resolve_driver(catalog, "ltsb", [], TODAY, declared_architectures=["Volta"])
     assert (res["branch"], res["architecture_source"]) == ("580", "declared")
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "ltsb", H100, TODAY, declared_architectures=["volta"])
+        dr.resolve_driver(catalog, "ltsb", H100, TODAY, declared_architectures=["volta"])
     assert err.value.code == "bad_request"
     with pytest.raises(bc.ResolutionError) as err:
-        bc.resolve_driver(catalog, "ltsb", [], TODAY)
+        dr.resolve_driver(catalog, "ltsb", [], TODAY)
     assert err.value.code == "unknown_architecture"
 
 
@@ -205,7 +208,7 @@ def test_refresh_adds_unknown_branch_with_inherited_capabilities(catalog):
     new = refreshed["branches"]["625"]
     assert new["inferred"] is True and new["class"] == "pb"
     assert new["kernel_module_types"] == ["open"] and "volta" not in new["architectures"]
-    res = bc.resolve_driver(refreshed, "pb", H100, "2027-03-01")
+    res = dr.resolve_driver(refreshed, "pb", H100, "2027-03-01")
     assert res["version"] == "625.20.01"
 
 
@@ -222,13 +225,13 @@ def test_refresh_rejects_wrong_shape(catalog):
     ("11.0", "450.51.05"), ("13.3", "610.43.02"),
 ])
 def test_cuda_minimum_driver(toolkit, driver):
-    assert bc.cuda_minimum_driver(toolkit)["minimum_driver"] == driver
+    assert cuda_compat.cuda_minimum_driver(toolkit)["minimum_driver"] == driver
 
 
 def test_cuda_minor_compat_and_limits():
-    assert bc.cuda_minimum_driver("12.4", mode="minor")["minimum_driver"] == "525"
-    assert bc.cuda_minimum_driver("13.5", mode="minor")["minimum_driver"] == "580"
+    assert cuda_compat.cuda_minimum_driver("12.4", mode="minor")["minimum_driver"] == "525"
+    assert cuda_compat.cuda_minimum_driver("13.5", mode="minor")["minimum_driver"] == "580"
     with pytest.raises(ValueError):
-        bc.cuda_minimum_driver("14.0")
-    assert bc.driver_supports_cuda("580.126.20", "13.0") is True
-    assert bc.driver_supports_cuda("575.57.08", "13.0") is False
+        cuda_compat.cuda_minimum_driver("14.0")
+    assert cuda_compat.driver_supports_cuda("580.126.20", "13.0") is True
+    assert cuda_compat.driver_supports_cuda("575.57.08", "13.0") is False
