@@ -54,6 +54,7 @@ ARGUMENT_SPEC = {
         "boot_id_file": {"type": "str", "default": "/proc/sys/kernel/random/boot_id"},
         "ignore_xids": {"type": "list", "elements": "int", "default": []},
         "allow_gpu_count_change": {"type": "bool", "default": False},
+        "replaced_gpus": {"type": "list", "elements": "str", "default": []},
         "golden_report_dir": {"type": "str", "default": ""},
         "node_class": {"type": "str", "default": "unclassified"},
         "golden_ignore": {"type": "list", "elements": "str", "default": []},
@@ -99,6 +100,10 @@ class ActionModule(NodeAction):
         args = self.validated_args()
         if self._task.check_mode:
             raise AnsibleActionFail("node_transaction: changes the node; the role runs it outside check mode only")
+        try:
+            rollout_verdict.replaced_buses(args["verify"]["replaced_gpus"])
+        except ValueError as exc:
+            raise AnsibleActionFail("node_transaction: verify.%s" % exc)
         tx = dict(args["tx"] or {})
         tx.setdefault("marks", dict(args["marks"] or {}))
         tx.setdefault("phases_done", [])
@@ -234,7 +239,7 @@ class ActionModule(NodeAction):
         options = {
             "before_boot_id": snapshot.get("boot_id"), "after_boot_id": after_boot_id,
             "ignore_xids": opts["ignore_xids"], "allow_gpu_count_change": opts["allow_gpu_count_change"],
-            "golden": golden, "golden_ignore": opts["golden_ignore"],
+            "replaced_gpus": opts["replaced_gpus"], "golden": golden, "golden_ignore": opts["golden_ignore"],
             "rollback_available": rollback.get("version") is not None,
         }
         tx["after_boot_id"] = after_boot_id

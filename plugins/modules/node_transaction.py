@@ -75,7 +75,7 @@ options:
     type: dict
     default: {}
   verify:
-    description: For V(verify) - C(boot_id_file), C(ignore_xids), C(allow_gpu_count_change), C(golden_report_dir)
+    description: For V(verify) - C(boot_id_file), C(ignore_xids), C(allow_gpu_count_change), C(replaced_gpus), C(golden_report_dir)
       (the rollout report on the controller; empty leaves the golden comparison out), C(node_class),
       C(golden_ignore) and C(rollback_version).
     type: dict

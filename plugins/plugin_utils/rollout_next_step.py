@@ -175,7 +175,8 @@ def _driver_step(record: Mapping[str, Any], inventory: Any) -> Dict[str, str]:
         worst = max(steps, key=lambda s: action_rank(s["action"]))
         do = "; ".join(s["text"] for s in sorted(steps, key=lambda s: -action_rank(s["action"])))
         return {"action": worst["action"], "do": "%s; the node stays %s until then" % (do, where),
-                "clears": clears + " once the GPU is fixed", "command": cmd["rollback"], "resume": cmd["rollout"]}
+                "clears": clears + " once the GPU is fixed" + _replaced_hint(gpus, cmd["rollback"]),
+                "command": cmd["rollback"], "resume": cmd["rollout"]}
     if flags & set(HARDWARE_FLAGS):
         return {"action": "hardware_inspection",
                 "do": "look at the GPUs the reason names (%s): reseat the one it names by bus id, or RMA it by its "
@@ -203,6 +204,16 @@ def _driver_step(record: Mapping[str, Any], inventory: Any) -> Dict[str, str]:
         do = "fix what the reason names (the driver transaction or its verification: a module build, a version " \
              "not loaded, the policy, the benchmark)"
     return {"action": "driver", "do": do, "clears": clears, "command": cmd["rollback"], "resume": cmd["rollout"]}
+
+
+def _replaced_hint(gpus: List[Mapping[str, Any]], rollback: str) -> str:
+    """How the rollback accepts a GPU replaced by an RMA: its slot named, the new UUID and serial allowed."""
+    buses = sorted(set(_text(g.get("pci_bus_id")) for g in gpus
+                       if _text(g.get("pci_bus_id")) and _text(g.get("action")) in ("hardware_inspection", "reboot")))
+    if not buses:
+        return ""
+    return (" (a GPU replaced by an RMA has a new UUID and serial, which the verification refuses unless its slot "
+            "is named: %s -e rollback_replaced_gpus=%s)" % (rollback, shlex.quote(",".join(buses))))
 
 
 def next_step_text(step: Optional[Mapping[str, Any]]) -> Optional[str]:

@@ -31,6 +31,7 @@ import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.driver_versions import upstream_version, versions_match
+from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import normalize_pci_bus_id
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.gpu_health import (
     describe_unusable,
     gpu_label,
@@ -73,6 +74,7 @@ FLAGS = {
     "lock_unreadable": "the lock file could not be parsed",
     "rebooted": "the node rebooted during the soak",
     "xid_rate": "more Xid events during the soak than allowed",
+    "gpu_replaced": "a GPU declared replaced (replaced_gpus): its UUID and serial are not compared with the snapshot",
     "gpu_count_unknown_before": "the snapshot saw no GPU (no driver then): the count is not compared",
     "contract_outlier": "the node's hardware contract differs from its class's golden node after the update",
 }
@@ -83,6 +85,7 @@ _DEFAULT_OPTIONS = {
     "after_boot_id": None,
     "ignore_xids": (),
     "allow_gpu_count_change": False,
+    "replaced_gpus": (),
     "require_policy": False,
     "benchmark_threshold": None,
     "benchmark_higher_is_better": True,
@@ -284,8 +287,47 @@ def _unreadable(facts: Optional[Mapping[str, Any]], before: Optional[Mapping[str
     return out
 
 
-def _uuids(facts: Optional[Mapping[str, Any]]) -> List[str]:
-    return sorted(gpu["uuid"] for gpu in (facts or {}).get("gpus") or [] if gpu.get("uuid"))
+def _uuids(facts: Optional[Mapping[str, Any]], replaced: Iterable[str] = ()) -> List[str]:
+    """The UUIDs of the GPUs, sorted, leaving out the GPUs at the ``replaced`` bus ids (normalised)."""
+    skip = set(replaced)
+    return sorted(gpu["uuid"] for gpu in (facts or {}).get("gpus") or [] if gpu.get("uuid")
+                  and normalize_pci_bus_id(gpu.get("pci_bus_id")) not in skip)
+
+
+def replaced_buses(values: Any) -> List[str]:
+    """The ``replaced_gpus`` option as normalised PCI bus ids (``"0000:3b:00.0"``, facts_model.normalize_pci_bus_id).
+
+    :param values: a list of bus ids, or one comma-separated string (an extra var arrives as a string).
+    :raises ValueError: for a value that is no PCI bus id (named).
+    """
+    if isinstance(values, str):
+        values = [v for v in values.split(",") if v.strip()]
+    out = []
+    for value in values or ():
+        bus = normalize_pci_bus_id(str(value).strip())
+        if bus is None:
+            raise ValueError("replaced_gpus: %r is not a PCI bus id (e.g. 0000:3b:00.0)" % (value,))
+        out.append(bus)
+    return out
+
+
+def _note_replaced(result: Dict[str, Any], before: Optional[Mapping[str, Any]], after: Mapping[str, Any],
+                   replaced: Iterable[str]) -> None:
+    """A note per GPU declared replaced: its identity before and now, by bus id."""
+    def at(facts: Optional[Mapping[str, Any]], bus: str) -> Optional[Mapping[str, Any]]:
+        for gpu in (facts or {}).get("gpus") or []:
+            if normalize_pci_bus_id(gpu.get("pci_bus_id")) == bus:
+                return gpu
+        return None
+    for bus in replaced:
+        old, new = at(before, bus), at(after, bus)
+        if new is None:
+            text = "no GPU at %s now" % bus
+        elif old is not None and old.get("uuid") == new.get("uuid"):
+            text = "the GPU at %s is the same as in the snapshot (%s)" % (bus, gpu_label(new))
+        else:
+            text = "%s → %s" % (gpu_label(old) if old is not None else "no GPU in the snapshot", gpu_label(new))
+        _note(result, "gpu_replaced", text)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,8 +497,9 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
 
     * ``driver.state`` is ``ok`` (facts: loaded == on disk == userspace);
     * the target version is what is loaded, installed (userspace) and on disk, exactly;
-    * the GPUs: as many as in the snapshot (unless ``allow_gpu_count_change``), the same UUIDs,
-      every one readable; when the snapshot saw no GPU (no driver then), at least one;
+    * the GPUs: as many as in the snapshot (unless ``allow_gpu_count_change``), the same UUIDs
+      (but at the bus ids of ``replaced_gpus``: GPUs replaced since the snapshot, each noted with its
+      identity before and now), every one readable; when the snapshot saw no GPU (no driver then), at least one;
     * no new fatal Xid since the snapshot (every fatal Xid after a reboot is new);
     * no GPU that needs a reset or that the driver reports unusable, and no driver module the kernel
       refused (gpu_health.node_health: Xid, driver message, NVML or nvidia-smi field);
@@ -474,7 +517,8 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
     :param benchmark: ``{"before": number, "after": number}`` or ``None``.
     :param options: ``rebooted`` (bool; else inferred from ``before_boot_id`` /
         ``after_boot_id``, else True), ``ignore_xids`` (list of int), ``allow_gpu_count_change``,
-        ``require_policy``, ``benchmark_threshold`` (``None``: the spread rule), ``benchmark_higher_is_better`` (True),
+        ``replaced_gpus`` (PCI bus ids, a list or a comma-separated string), ``require_policy``,
+        ``benchmark_threshold`` (``None``: the spread rule), ``benchmark_higher_is_better`` (True),
         ``require_benchmark``, ``rollback_available`` (False when no last known-good version
         differs from the target), ``golden`` (``{"node", "contract"}``: the class's golden node
         after its update; the node's contract must match it, ``contract_decision.golden_match``)
@@ -483,7 +527,8 @@ def verify_upgrade(after: Optional[Mapping[str, Any]], before: Optional[Mapping[
         "notes": [str], "versions": {"before", "after"}, "gpu_count": {"before", "after"},
         "new_fatal_xids": {"<xid>": n}, "benchmark": {...} | None, "golden":
         contract_decision.golden_match | None}``.
-    :raises ValueError: for a benchmark threshold outside (0, 1].
+    :raises ValueError: for a benchmark threshold outside (0, 1], or a ``replaced_gpus`` entry that is
+        no PCI bus id.
     """
     opts = _options(options)
     result = _result(rollback=False, notes=[], new_fatal_xids={}, benchmark=None,
@@ -548,8 +593,11 @@ def _verify_gpus(result: Dict[str, Any], before: Optional[Mapping[str, Any]], af
             _fail(result, "gpu_count_changed", "GPU count changed: %d before, %d after%s" % (
                 before_count, after_count,
                 " (gone: %s)" % "; ".join(gpu_label(gpu) for gpu in gone) if gone else ""))
-        before_uuids = _uuids(before)
-        after_uuids = _uuids(after)
+        replaced = replaced_buses(opts["replaced_gpus"])
+        if replaced:
+            _note_replaced(result, before, after, replaced)
+        before_uuids = _uuids(before, replaced)
+        after_uuids = _uuids(after, replaced)
         if before_uuids and after_uuids and before_uuids != after_uuids and after_count == before_count \
                 and not _unreadable(after):
             _fail(result, "gpu_identity_changed", "GPU UUIDs changed: gone %s, new %s" % (

@@ -670,6 +670,51 @@ def test_five_fault_kinds_at_golden_in_the_canary_pool_and_in_a_wave(rollouts):
     fleet.fault("node02", "clear")
 
 
+def test_a_gpu_replaced_by_an_rma_returns_the_node_only_where_its_slot_is_named(rollouts):
+    """node05 lost GPU 2 in the golden rollout above and stays drained and flagged; its card is replaced.
+
+    The new card has a new UUID and serial: rollback.yml alone refuses it (not the GPU of the snapshot);
+    with the slot named (rollback_replaced_gpus, as the node's next step says), the node is verified on
+    its known-good driver, its flag cleared and it is back in service."""
+    node = "node05"
+    assert rollouts.flag(node) is not None and rollouts.drained(node)
+    state = json.loads(rollouts.sh(node, "cat /var/lib/simgpu/state.json"))
+    bus = state["gpus"][2]["pci"]["bus_id"]
+    old = (state["gpus"][2]["uuid"], state["gpus"][2]["serial"])
+    step = [n for n in rollouts.report("f-golden")["nodes"] if n["node"] == node][0]["next_step"]
+    assert "-e rollback_hosts=node05 -e rollback_replaced_gpus=%s" % bus.lower()[4:] in step["clears"], step
+    # A slot that is no PCI bus id is refused before the node is touched.
+    boot = rollouts.fleet.boot_id(node)
+    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=%s" % node, "-e", "rollback_id=rma-bad",
+                             "-e", "rollback_report_dir=%s" % rollouts.report_dir("rma-bad"),
+                             "-e", "rollback_replaced_gpus=%s,slot2" % bus)
+    assert code != 0 and "each entry must be a PCI bus id such as 0000:3b:00.0, got ['slot2']" in log, log[-3000:]
+    assert rollouts.fleet.boot_id(node) == boot and rollouts.record("rma-bad", node) is None
+    rollouts.fleet.fault(node, "gpu_replaced", gpu="2")
+    new = json.loads(rollouts.sh(node, "cat /var/lib/simgpu/state.json"))["gpus"][2]
+    assert (new["uuid"], new["serial"]) != old
+
+    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=%s" % node, "-e", "rollback_id=rma-unnamed",
+                             "-e", "rollback_report_dir=%s" % rollouts.report_dir("rma-unnamed"))
+    assert code == 2, log[-4000:]
+    record = rollouts.record("rma-unnamed", node)
+    assert "gpu_identity_changed" in record["flags"], record
+    assert old[0] in record["reason"] and new["uuid"] in record["reason"]
+    assert rollouts.flag(node) is not None and rollouts.drained(node)
+
+    # As an extra var arrives (a string) and in NVML's form of the bus id.
+    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=%s" % node, "-e", "rollback_id=rma-named",
+                             "-e", "rollback_report_dir=%s" % rollouts.report_dir("rma-named"),
+                             "-e", "rollback_replaced_gpus=%s" % bus)
+    assert code == 0, log[-4000:]
+    record = rollouts.record("rma-named", node)
+    assert record["result"] == "rolled_back", record
+    assert_on(rollouts, node, BASELINE)
+    assert rollouts.flag(node) is None
+    assert not rollouts.drained(node)
+    print("replaced GPU at %s: %s (serial %s) -> %s (serial %s)" % (bus, old[0], old[1], new["uuid"], new["serial"]))
+
+
 def test_node_cut_off_mid_transaction_is_recorded_and_stays_out_of_service(rollouts):
     """node04's power goes during its (slow) drain: the transaction cannot go on, its rescue never runs."""
     fleet = rollouts.fleet

@@ -102,6 +102,24 @@ def test_fault_command_line_args_and_clear():
     assert state["gpus"][5]["bus_state"] == "ok"
 
 
+def test_a_replaced_gpu_is_back_on_the_bus_with_a_new_uuid_and_serial_in_the_same_slot():
+    state = initial_state("h100", "n")
+    apply_fault(state, "gpu_lost", ["2"])
+    apply_fault(state, "gpu_lost", ["5", "now"])
+    old = dict(state["gpus"][5])
+    apply_fault(state, "gpu_replaced", ["5"])
+    gpu = state["gpus"][5]
+    assert gpu["bus_state"] == "ok"
+    assert (gpu["pci"], gpu["name"], gpu["minor_number"]) == (old["pci"], old["name"], old["minor_number"])
+    assert gpu["uuid"] != old["uuid"] and gpu["uuid"].startswith("GPU-")
+    assert gpu["serial"] != old["serial"] and len(gpu["serial"]) == len(old["serial"])
+    # Another GPU's armed loss stays; the replaced one's own is over.
+    apply_fault(state, "gpu_replaced", ["2"])
+    assert state["faults"]["gpu_lost"] == []
+    with pytest.raises(ValueError, match="gpu_replaced needs the index of one GPU"):
+        apply_fault(state, "gpu_replaced", ["all"])
+
+
 def test_the_driver_moves_the_contract_and_an_outlier_fault_moves_one_node_more(tmp_path):
     from simfleet.gpu.state import boot_node_root
     root = str(tmp_path / "n")

@@ -63,7 +63,9 @@ def test_the_lost_gpu_gets_reseat_or_rma_by_its_serial_the_flag_and_the_commands
                           "the node stays drained until then" % (LOST, SERIAL, UUID, SERIAL))
     assert step["clears"] == ("a verified rollback clears the flag (/etc/ansible/facts.d/gpufleet_rollout.fact) and "
                               "undrains the node: rollback.yml verifies it on its last known-good driver once the GPU "
-                              "is fixed")
+                              "is fixed (a GPU replaced by an RMA has a new UUID and serial, which the verification "
+                              "refuses unless its slot is named: ansible-playbook gpufleet.nvidia.rollback "
+                              "-i /srv/inventory/hosts.yml -e rollback_hosts=node06 -e rollback_replaced_gpus=%s)" % LOST)
     assert step["command"] == "ansible-playbook gpufleet.nvidia.rollback -i /srv/inventory/hosts.yml -e rollback_hosts=node06"
     assert step["resume"] == ("ansible-playbook gpufleet.nvidia.rollout -i /srv/inventory/hosts.yml "
                               "-e rollout_id=demo-ltsb -e driver_branch=ltsb")

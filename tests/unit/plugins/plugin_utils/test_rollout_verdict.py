@@ -114,6 +114,41 @@ def test_verify_happy_path():
     assert verdict["gpu_count"] == {"before": 8, "after": 8}
 
 
+def replaced(doc, index, uuid="GPU-99999999-0000-0000-0000-000000000000", serial="1654922009999"):
+    """The facts with the GPU at ``index`` swapped for another card: a new UUID and serial at its bus id."""
+    doc["gpus"][index]["uuid"] = uuid
+    doc["gpus"][index]["serial"] = serial
+    return doc
+
+
+def test_verify_a_replaced_gpu_fails_unless_its_slot_is_declared_replaced():
+    """After an RMA the card at 0000:38:00.0 has a new UUID: not the snapshot's GPU, unless declared replaced."""
+    verdict = verify_upgrade(replaced(facts(OLD), 2), facts(OLD), OLD, options={"rebooted": True})
+    assert verdict["ok"] is False
+    assert verdict["flags"] == ["gpu_identity_changed"]
+    assert "gone GPU-00000002-0000-0000-0000-000000000000" in verdict["reasons"][0]
+    # The slot declared replaced (as the extra var arrives: a string, NVML's 8-digit domain, upper case).
+    verdict = verify_upgrade(replaced(facts(OLD), 2), facts(OLD), OLD,
+                             options={"rebooted": True, "replaced_gpus": "00000000:38:00.0"})
+    assert verdict["ok"] is True
+    assert verdict["flags"] == ["gpu_replaced"]
+    assert verdict["notes"] == ["GPU 0000:38:00.0 (GPU-00000002-0000-0000-0000-000000000000) → GPU 0000:38:00.0 "
+                                "(serial 1654922009999, GPU-99999999-0000-0000-0000-000000000000)"]
+    # Another slot declared replaced does not excuse the one that changed.
+    verdict = verify_upgrade(replaced(facts(OLD), 2), facts(OLD), OLD,
+                             options={"rebooted": True, "replaced_gpus": ["0000:18:00.0"]})
+    assert verdict["ok"] is False
+    assert "gpu_identity_changed" in verdict["flags"]
+    assert "the same as in the snapshot" in verdict["notes"][0]
+    # A replaced GPU is still counted, read and judged: a lost one fails whatever is declared.
+    verdict = verify_upgrade(facts(OLD, gpus=7, kernel_log_text=XID79), facts(OLD), OLD,
+                             options={"rebooted": True, "replaced_gpus": ["0000:38:00.0"]})
+    assert verdict["ok"] is False
+    assert "gpu_count_changed" in verdict["flags"]
+    with pytest.raises(ValueError, match="replaced_gpus: 'slot 3' is not a PCI bus id"):
+        verify_upgrade(facts(OLD), facts(OLD), OLD, options={"replaced_gpus": ["slot 3"]})
+
+
 def test_verify_version_mismatch_after_reboot_rolls_back():
     after = facts(NEW, loaded="620.48.02", state="reboot_pending")
     verdict = verify_upgrade(after, facts(OLD), NEW)

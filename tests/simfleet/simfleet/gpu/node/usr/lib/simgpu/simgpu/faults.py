@@ -25,18 +25,22 @@ Kinds (``args`` is a dict, or a list of ``key=value`` / positional strings from 
   boot on, whenever that driver version is loaded, the GPU reports ``value`` for the field
   instead of its profile's (a driver that misbehaves on some nodes only: a lower maximum SM
   clock, more reserved memory, a narrower PCIe link).
+- ``gpu_replaced``: ``gpu`` (physical index). The card in that slot is swapped for another of the
+  same model (an RMA): from now on it is on the bus (a ``gpu_lost`` of that GPU is over) with a new
+  UUID and serial; its bus id, name and everything else stay.
 - ``clear``: ``kind`` (optional): remove every fault (or those of one kind); lost GPUs are back.
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import catalog, klog
 
 KINDS = ("build_fail", "gpu_lost", "xid_storm", "nvml_not_supported", "version_mismatch", "gpu_busy",
-         "contract_outlier", "clear")
+         "contract_outlier", "gpu_replaced", "clear")
 
 _VERSION = re.compile(r"^\d+(\.\d+){1,3}$")
 
@@ -78,6 +82,7 @@ _POSITIONAL = {
     "version_mismatch": ["loaded_version"],
     "gpu_busy": ["gpu", "count"],
     "contract_outlier": ["field", "value", "version", "gpu"],
+    "gpu_replaced": ["gpu"],
     "clear": ["kind"],
 }
 
@@ -144,6 +149,17 @@ def apply_fault(state: Dict[str, Any], kind: str, args: Union[None, Dict[str, An
                         klog.append(state, line)
             elif index not in [entry["gpu"] for entry in faults["gpu_lost"]]:
                 faults["gpu_lost"].append({"gpu": index})
+    elif kind == "gpu_replaced":
+        if opts.get("gpu") in (None, "", "all"):
+            raise ValueError("gpu_replaced needs the index of one GPU")
+        for index in _gpu_indexes(state, opts.get("gpu"), 0):
+            gpu = state["gpus"][index]
+            gpu["bus_state"] = "ok"
+            faults["gpu_lost"] = [entry for entry in faults["gpu_lost"] if entry["gpu"] != index]
+            gpu["uuid"] = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_OID, "%s/replaced" % gpu["uuid"]))
+            serial = str(gpu.get("serial") or "")
+            gpu["serial"] = ("%0*d" % (len(serial), (int(serial) + 7919) % 10 ** len(serial))
+                             if serial.isdigit() else serial + "R")
     elif kind == "xid_storm":
         xid = int(opts.get("xid") or 0)
         if xid <= 0:
