@@ -47,8 +47,11 @@ MAX_SHOW_NODE = 65536
 #: configure (``slurm/src/common/gres.c`` ``_node_config_validate``: ``"%s count reported lower than
 #: configured (%"PRIu64" < %"PRIu64")"``; field case 41, awslabs/awsome-distributed-ai issue 195).
 _GPU_COUNT_REASON = re.compile(r"^gres/gpu(?::[^ ]*)? count reported lower than configured \((\d+) < (\d+)\)$")
-#: The user slurmctld sets its own reasons as (``SlurmUser``, ``slurm`` by default).
+#: The user slurmctld sets its own reasons as (``SlurmUser``: ``slurm`` in Debian's and most sites'
+#: slurm.conf, ``root`` where slurm.conf leaves it out, slurm.conf(5): "The default value is "root"").
 SLURM_USER = "slurm"
+#: Users slurmctld's own GPU-count reason is recognised from: its text is slurmctld's, which nobody types.
+SLURMCTLD_USERS = (SLURM_USER, "root")
 
 
 def _node_block(text: str) -> str:
@@ -143,7 +146,7 @@ def drain_kind(node: Dict[str, Any]) -> Dict[str, Any]:
     if not node.get("out_of_service"):
         return {"drain_kind": None, "gpu_count": None}
     match = _GPU_COUNT_REASON.match(node.get("reason") or "")
-    if node.get("reason_user") == SLURM_USER and match:
+    if node.get("reason_user") in SLURMCTLD_USERS and match:
         return {"drain_kind": "gpu_count",
                 "gpu_count": {"reported": int(match.group(1)), "configured": int(match.group(2))}}
     if node.get("reason_user") == SLURM_USER:

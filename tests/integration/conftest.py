@@ -77,6 +77,7 @@ MODULE_SECONDS = {
     "test_rollout_contract.py": 200,
     "test_simfleet_lifecycle.py": 150,
     "test_driver_kernel_hold.py": 150,
+    "test_policy_slurm.py": 120,
     "test_simfleet_slurm.py": 100,
     "test_simfleet_fleet.py": 100,
     "test_gpu_facts_capture.py": 20,

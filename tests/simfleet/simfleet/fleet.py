@@ -94,6 +94,14 @@ def _clear_kind(args: dict[str, Any] | list[str] | None) -> str | None:
     return None
 
 
+def _slurm_gpus(rec: dict[str, Any]) -> dict[str, int]:
+    """Node name -> its ``Gres=gpu:<n>`` in slurm.conf: the node record's ``slurm_gpus`` (set by
+    :meth:`Fleet.set_slurm_gpus`, as a site changes slurm.conf after a MIG layout change), else the
+    GPU count of its class profile."""
+    return {n["name"]: int(n["slurm_gpus"]) if n.get("slurm_gpus") is not None else slurm.gpu_count(n["class"])
+            for n in rec["nodes"]}
+
+
 def _log(msg: str) -> None:
     """Progress messages go to stderr, so stdout carries only the command's answer."""
     print("simfleet: " + msg, file=sys.stderr, flush=True)
@@ -284,7 +292,7 @@ class Fleet:
                 pubkey = f.read()
             cluster = self.slurm() if rec.get("slurm") else None
             if cluster:
-                if cluster.configure(rec, {n["name"]: slurm.gpu_count(n["class"]) for n in rec["nodes"]}) and cluster.slurmctld_pid():
+                if cluster.configure(rec, _slurm_gpus(rec)) and cluster.slurmctld_pid():
                     self.log("the Slurm configuration changed: restarting slurmctld")
                     cluster.stop()
                 cluster.start(rec["slurm"]["slurmctld_port"])
@@ -292,7 +300,7 @@ class Fleet:
             for n in nodes:
                 n.mount(lowerdirs)
                 n.provision(pubkey, gstate.initial_state, gstate.save_state)
-                slurm_changed = cluster.provision_node(n.root, slurm.gpu_count(n.klass)) if cluster else False
+                slurm_changed = cluster.provision_node(n.root) if cluster else False
                 if n.state() in ("running", "booting", "restarting", "hung"):
                     if slurm_changed:
                         to_reconfigure.append(n)
@@ -304,8 +312,8 @@ class Fleet:
                 self.log("booting %d node(s): %s" % (len(to_start), ", ".join(n.name for n in to_start)))
             self._wait_ready(nodes, timeout if timeout is not None else 60 + 4 * len(nodes))
             for n in to_reconfigure:
-                n.ssh(self.ssh_key, "systemd-tmpfiles --create /etc/tmpfiles.d/simfleet-slurm-gpus.conf && "
-                      "systemctl restart munge.service slurmd.service", timeout=60, check=True)
+                n.ssh(self.ssh_key, "systemctl daemon-reload && systemctl restart munge.service slurmd.service",
+                      timeout=60, check=True)
             if cluster:
                 self._wait_registered(cluster, [n for n in nodes if n.state() != "hung"], 60 + 2 * len(nodes))
             self.write_inventory(rec)
@@ -583,6 +591,27 @@ class Fleet:
                 raise SimfleetError("fault %s %s on %s: %s" % (kind, args or "", n.name, exc)) from None
         return done
 
+    def set_slurm_gpus(self, name: str, count: int | None) -> dict[str, Any]:
+        """Change the node's ``Gres=gpu:<count>`` in the fleet's slurm.conf (``None``: back to its class's
+        GPU count) the way Slurm asks for it (scontrol(1): "modify your slurm.conf and gres.conf files
+        and restart daemons"): both slurm.conf copies are written, slurmctld and the node's slurmd are
+        restarted and the node's registration is awaited (a refused one raises SimfleetError).
+
+        :raises SimfleetError: no such node, a fleet without Slurm, or a count that is not an int >= 0.
+        """
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 0):
+            raise SimfleetError("GPU count %r of node %s must be an integer >= 0" % (count, name))
+        with self._lock():
+            rec = self.record()
+            if not rec.get("slurm"):
+                raise SimfleetError("fleet %s runs without Slurm" % self.name)
+            entry = next((n for n in rec["nodes"] if n["name"] == name), None)
+            if entry is None:
+                raise SimfleetError("no node %s in fleet %s" % (name, self.name))
+            entry["slurm_gpus"] = count
+            self._save(rec)
+        return self.up()
+
     def reset(self, names: Iterable[str] | None = None, timeout: float | None = None) -> dict[str, Any]:
         """Put nodes (default: all) back to fresh: stop, drop their writable layer, boot anew."""
         _profiles, gstate, _faults = _gpu()
@@ -602,7 +631,7 @@ class Fleet:
                 n.mount(rec["lowerdirs"])
                 n.provision(pubkey, gstate.initial_state, gstate.save_state)
                 if rec.get("slurm"):
-                    self.slurm().provision_node(n.root, slurm.gpu_count(n.klass))
+                    self.slurm().provision_node(n.root)
                 n.start()
             self._wait_ready(nodes, timeout if timeout is not None else 60 + 4 * len(nodes))
         self.log("reset %s" % ", ".join(n.name for n in nodes))

@@ -10,7 +10,9 @@
   (``<cache>/slurm-<key>``, an overlay upper directory over the node layer, made once with
   ``apt-get install`` in a container), used as the top lower directory by Slurm fleets only: the
   base and node layer of every other fleet stay as they are, and a Slurm fleet's ``up`` installs
-  nothing. Each node gets the fleet's MUNGE key, the nodes' ``slurm.conf`` and ``gres.conf``.
+  nothing. Each node gets the fleet's MUNGE key, the nodes' ``slurm.conf`` and a slurmd drop-in that
+  writes its ``gres.conf`` from its simulated GPUs at each start of slurmd (``simgpu slurm-gres``:
+  what ``AutoDetect=nvml`` finds, MIG devices included).
   ``slurmd`` runs with ``-b`` ("Report node rebooted when daemon restarted", slurmd(8)): a node is
   a container that shares the host's boot clock, so the uptime slurmd would report never restarts,
   and slurmctld would wait for the boot of a node it asked to reboot until ``ResumeTimeout``.
@@ -185,10 +187,6 @@ class SlurmCluster:
         return os.path.join(self.dir, "node-slurm.conf")
 
     @property
-    def gres_conf_path(self) -> str:
-        return os.path.join(self.dir, "gres.conf")
-
-    @property
     def bin_dir(self) -> str:
         return os.path.join(self.dir, "bin")
 
@@ -209,12 +207,13 @@ class SlurmCluster:
 
     # ----- configuration
     def configure(self, rec: dict[str, Any], gpu_counts: dict[str, int]) -> bool:
-        """Write the key (once), both ``slurm.conf`` copies, ``gres.conf`` and the wrappers; True when
+        """Write the key (once), both ``slurm.conf`` copies and the wrappers; True when
         the configuration changed (slurmctld and the nodes' slurmd then have to restart).
 
         :param rec: the fleet record: ``slurm.slurmctld_port``, ``nodes[]`` with ``name``, ``class``
             and ``slurmd_port``.
-        :param gpu_counts: node name -> simulated GPU count (the class profile's).
+        :param gpu_counts: node name -> ``Gres=gpu:<n>`` of the node in slurm.conf (the class profile's
+            GPU count unless the fleet record's ``slurm_gpus`` of the node says otherwise).
         """
         for d in ("state", "munge/key", "munge/run", "bin"):
             os.makedirs(self._p(d), exist_ok=True)
@@ -235,18 +234,17 @@ class SlurmCluster:
         changed = _read(self.conf_path) != host_text
         write_atomic(self.conf_path, host_text)
         write_atomic(self.node_conf_path, slurmconf.render_slurm_conf(**common))
-        write_atomic(self.gres_conf_path, slurmconf.render_gres_conf(nodes))
         for name in WRAPPED_COMMANDS:
             real = shutil.which(name, path="/usr/bin:/usr/sbin:/bin:/sbin") or "/usr/bin/" + name
             write_atomic(os.path.join(self.bin_dir, name), slurmconf.wrapper_script(real, self.conf_path), 0o755)
         return changed
 
-    def provision_node(self, root: str, gpus: int) -> bool:
-        """Put the fleet's key, ``slurm.conf``, ``gres.conf`` and the tmpfiles.d file of the node's ``gpus``
-        GPU device nodes into a node's root; True when one changed."""
+    def provision_node(self, root: str) -> bool:
+        """Put the fleet's key, ``slurm.conf`` and the slurmd drop-in that writes ``gres.conf``
+        (:func:`simfleet.slurmconf.render_slurmd_gres_dropin`) into a node's root; True when one changed."""
         changed = False
-        for text, rel in ((_read(self.node_conf_path), "etc/slurm/slurm.conf"), (_read(self.gres_conf_path), "etc/slurm/gres.conf"),
-                          (slurmconf.render_gpu_devices(gpus), "etc/tmpfiles.d/simfleet-slurm-gpus.conf")):
+        for text, rel in ((_read(self.node_conf_path), "etc/slurm/slurm.conf"),
+                          (slurmconf.render_slurmd_gres_dropin(), slurmconf.SLURMD_GRES_DROPIN)):
             if _read(os.path.join(root, rel)) != text:
                 write_file(os.path.join(root, rel), text)
                 changed = True

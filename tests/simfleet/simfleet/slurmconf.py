@@ -1,7 +1,7 @@
 """The simulated fleet's Slurm configuration and the parsing of what ``scontrol`` prints (pure functions).
 
 ``render_slurm_conf`` writes the one ``slurm.conf`` that the host's ``slurmctld`` and every node's
-``slurmd`` read; ``render_gres_conf`` the ``gres.conf`` of the nodes; ``parse_show_node`` reads
+``slurmd`` read; ``render_slurmd_gres_dropin`` the slurmd drop-in that writes a node's ``gres.conf``; ``parse_show_node`` reads
 ``scontrol show node -o`` (one line per node, ``Key=Value`` words).
 
 Every option was checked against the slurm.conf(5), gres.conf(5) and scontrol(1) pages of Slurm
@@ -32,12 +32,6 @@ REBOOT_PROGRAM = "/usr/bin/systemctl reboot"
 RESUME_TIMEOUT_S = 300
 # The partition every node is in and jobs go to without --partition.
 DEFAULT_PARTITION = "gpu"
-# Where each node gets one character device per simulated GPU for gres.conf's File= (slurmd drops a
-# GPU without File, "Removing file-less GPU ... from final GRES list", and refuses a File= that "is
-# not a valid character or block device"). Major 195, minor N: the numbers of the NVIDIA driver's
-# /dev/nvidia<N>; kept out of /dev so that nothing else in the node takes them for a loaded driver.
-GPU_DEVICE_DIR = "/run/simfleet-slurm"
-NVIDIA_DEVICE_MAJOR = 195
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
@@ -163,42 +157,19 @@ def render_slurm_conf(cluster: str, controller_host: str, controller_port: int, 
     return "\n".join(lines) + "\n"
 
 
-def render_gres_conf(nodes: Sequence[Mapping[str, Any]]) -> str:
-    """The ``gres.conf`` text: ``NodeName=<n> Name=gpu File=<GPU_DEVICE_DIR>/nvidia[0-<gpus-1>]`` per node with GPUs.
-
-    A count alone is not enough for GPUs: Slurm 22.05's slurmd removes a GPU without ``File=``
-    from what it reports (then the node registers with fewer GPUs than slurm.conf says and is set
-    INVAL). The files are the device nodes of :func:`render_gpu_devices`; the count is theirs
-    (gres.conf(5), Count: "set to the number of File values specified").
-    :param nodes: mappings with ``name`` and ``gpus`` (as :func:`render_slurm_conf` takes them).
-    :raises ValueError: a bad name or GPU count.
-    """
-    lines = ["# gres.conf of the simulated fleet's Slurm cluster, written by `simfleet up --slurm`; do not edit.",
-             "AutoDetect=off"]
-    for node in nodes:
-        gpus = node["gpus"]
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-            raise ValueError("GPU count %r of node %s must be an integer >= 0" % (gpus, node.get("name")))
-        if gpus:
-            files = "nvidia0" if gpus == 1 else "nvidia[0-%d]" % (gpus - 1)
-            lines.append("NodeName=%s Name=gpu File=%s/%s" % (_check_name("node name", node["name"]), GPU_DEVICE_DIR, files))
-    return "\n".join(lines) + "\n"
+#: What slurmd runs before each start on a node of the fleet: the node's gres.conf written from its
+#: simulated GPUs (simgpu.slurm_gres: what Slurm's AutoDetect=nvml would find, MIG devices included),
+#: with the device nodes it names.
+GRES_CONF = "/etc/slurm/gres.conf"
+SLURMD_GRES_DROPIN = "etc/systemd/system/slurmd.service.d/simfleet-gres.conf"
 
 
-def render_gpu_devices(gpus: int) -> str:
-    """A tmpfiles.d(5) file that makes a node's GPU device nodes at each boot (``/run`` is emptied by a boot).
-
-    One ``c`` line per GPU: ``c <GPU_DEVICE_DIR>/nvidia<N> 0666 root root - 195:<N>``
-    (type, path, mode, user, group, age, ``major:minor``), after a ``d`` line for the directory.
-    :param gpus: the node's simulated GPU count (int >= 0).
-    :raises ValueError: a bad count.
-    """
-    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-        raise ValueError("GPU count %r must be an integer >= 0" % (gpus,))
-    lines = ["# simfleet: one device node per simulated GPU, for Slurm's gres.conf File=.",
-             "d %s 0755 root root -" % GPU_DEVICE_DIR]
-    lines += ["c %s/nvidia%d 0666 root root - %d:%d" % (GPU_DEVICE_DIR, i, NVIDIA_DEVICE_MAJOR, i) for i in range(gpus)]
-    return "\n".join(lines) + "\n"
+def render_slurmd_gres_dropin() -> str:
+    """The slurmd drop-in of a node: ``ExecStartPre`` writes ``/etc/slurm/gres.conf`` from the node's
+    simulated GPUs (``simgpu slurm-gres --write``), so that each start of slurmd (a boot, a restart
+    after a MIG layout change) sees the GPUs and MIG devices the node has then, as AutoDetect does."""
+    return ("# simfleet: gres.conf from the simulated GPUs at each start of slurmd (what AutoDetect=nvml finds).\n"
+            "[Service]\nExecStartPre=/usr/lib/simgpu/bin/simgpu slurm-gres --write %s\n" % GRES_CONF)
 
 
 # Keys of `scontrol show node -o` whose value runs to the end of the line or to the next known key

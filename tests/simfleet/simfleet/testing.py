@@ -168,6 +168,11 @@ class SimFleet:
 
         return slurmconf.parse_show_node(self.slurm(["scontrol", "show", "node", "-o"], check=True).stdout)
 
+    def set_slurm_gpus(self, node: str, count: int | None) -> None:
+        """Configure ``Gres=gpu:<count>`` for ``node`` in slurm.conf and restart the daemons, as a site
+        does after a MIG layout change (``simfleet.fleet.Fleet.set_slurm_gpus``)."""
+        self._fleet.set_slurm_gpus(node, count)
+
     # ----- acting
     def run(self, node: str, argv: Sequence[str] | str, check: bool = False, timeout: float = 120,
             input: str | None = None) -> subprocess.CompletedProcess:  # noqa: A002

@@ -14,6 +14,7 @@ import yaml
 from simfleet import cli, inventory, slurmconf
 from simfleet.slurm import SlurmCluster, gpu_count
 from simfleet.testing import ports_needed
+from simfleet.gpu.state import initial_state
 
 NODES = [
     {"name": "node01", "port": 22203, "gpus": 8, "klass": "h100"},
@@ -106,28 +107,46 @@ def test_bad_node_lists_are_refused_with_the_reason(nodes, message):
         _render(nodes=nodes)
 
 
-def test_gres_conf_gives_each_gpu_a_device_file():
-    assert slurmconf.render_gres_conf(NODES + [{"name": "cpu01", "gpus": 0}, {"name": "one01", "gpus": 1}]).splitlines()[1:] == [
-        "AutoDetect=off",
-        "NodeName=node01 Name=gpu File=/run/simfleet-slurm/nvidia[0-7]",
-        "NodeName=node02 Name=gpu File=/run/simfleet-slurm/nvidia[0-3]",
-        "NodeName=node03 Name=gpu File=/run/simfleet-slurm/nvidia[0-7]",
-        "NodeName=one01 Name=gpu File=/run/simfleet-slurm/nvidia0",
-    ]
-    with pytest.raises(ValueError, match="GPU count True"):
-        slurmconf.render_gres_conf([{"name": "node01", "gpus": True}])
+def test_each_node_writes_its_gres_conf_from_its_gpus_at_each_start_of_slurmd():
+    dropin = slurmconf.render_slurmd_gres_dropin()
+    assert "[Service]\nExecStartPre=/usr/lib/simgpu/bin/simgpu slurm-gres --write /etc/slurm/gres.conf\n" in dropin
+    assert slurmconf.SLURMD_GRES_DROPIN == "etc/systemd/system/slurmd.service.d/simfleet-gres.conf"
 
 
-def test_the_gpu_device_nodes_have_the_nvidia_driver_numbers():
-    assert slurmconf.render_gpu_devices(3).splitlines()[1:] == [
-        "d /run/simfleet-slurm 0755 root root -",
-        "c /run/simfleet-slurm/nvidia0 0666 root root - 195:0",
-        "c /run/simfleet-slurm/nvidia1 0666 root root - 195:1",
-        "c /run/simfleet-slurm/nvidia2 0666 root root - 195:2",
+def _mig(state, index, layout):
+    """Put GPU ``index`` of ``state`` in MIG mode with one GPU instance and compute instance per profile
+    name in ``layout`` (in order)."""
+    gpu = state["gpus"][index]
+    gpu["mig"]["current"] = gpu["mig"]["pending"] = 1
+    by_name = dict((p["name"], p) for p in gpu["mig"]["profiles"])
+    gpu["mig"]["instances"] = [{"id": n + 1, "profile": by_name[name]["nvml_profile"], "placement": n,
+                                "compute_instances": [{"id": 0, "slices": by_name[name]["slices"]}]}
+                               for n, name in enumerate(layout)]
+
+
+def test_gres_conf_counts_whole_gpus_and_mig_devices_as_autodetect_does(tmp_path):
+    from simgpu import slurm_gres  # pylint: disable=import-outside-toplevel
+
+    state = initial_state("h100", "node01")
+    text, devices = slurm_gres.render(state)
+    assert text.splitlines()[1:] == ["AutoDetect=off"] + ["Name=gpu File=/run/simfleet-slurm/nvidia%d" % i for i in range(8)]
+    assert devices[7] == ("/run/simfleet-slurm/nvidia7", 195, 7)
+    # MIG on GPUs 6 and 7: two MIG devices each, one gres/gpu per MIG device; every line then typed
+    # (slurmd refuses a gres.conf where some gpu records have Type= and others do not).
+    _mig(state, 6, ["3g.40gb", "1g.10gb"])
+    _mig(state, 7, ["3g.40gb", "1g.10gb"])
+    lines = slurm_gres.render(state)[0].splitlines()[2:]
+    assert lines[:6] == ["Name=gpu Type=h100_80gb_hbm3 File=/run/simfleet-slurm/nvidia%d" % i for i in range(6)]
+    assert lines[6:] == [
+        "Name=gpu Type=3g.40gb MultipleFiles=/run/simfleet-slurm/nvidia6,/run/simfleet-slurm/nvidia-caps/nvidia-cap1",
+        "Name=gpu Type=1g.10gb MultipleFiles=/run/simfleet-slurm/nvidia6,/run/simfleet-slurm/nvidia-caps/nvidia-cap2",
+        "Name=gpu Type=3g.40gb MultipleFiles=/run/simfleet-slurm/nvidia7,/run/simfleet-slurm/nvidia-caps/nvidia-cap3",
+        "Name=gpu Type=1g.10gb MultipleFiles=/run/simfleet-slurm/nvidia7,/run/simfleet-slurm/nvidia-caps/nvidia-cap4",
     ]
-    assert slurmconf.render_gpu_devices(0).splitlines()[1:] == ["d /run/simfleet-slurm 0755 root root -"]
-    with pytest.raises(ValueError, match="GPU count -2"):
-        slurmconf.render_gpu_devices(-2)
+    # MIG mode on without MIG devices: the GPU gives Slurm nothing (6 + 2 = 8 < 10 the line above).
+    _mig(state, 7, [])
+    assert sum(1 for line in slurm_gres.render(state)[0].splitlines() if line.startswith("Name=gpu")) == 8
+    assert slurm_gres.gpu_type("Tesla V100-SXM2-32GB") == "v100_sxm2_32gb"
 
 
 def test_gpu_counts_come_from_the_class_profiles():
@@ -240,14 +259,14 @@ def test_provision_node_gives_the_node_the_fleet_key_owned_by_its_munge_user(tmp
     (root / "etc").mkdir(parents=True)
     uid, gid = os.getuid(), os.getgid()
     (root / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\nmunge:x:%d:%d::/nonexistent:/usr/sbin/nologin\n" % (uid, gid))
-    assert cluster.provision_node(str(root), 8) is True
+    assert cluster.provision_node(str(root)) is True
     key = root / "etc" / "munge" / "munge.key"
     assert key.read_bytes() == open(cluster.key_path, "rb").read()
     assert stat.S_IMODE(key.stat().st_mode) == 0o400 and key.stat().st_uid == uid
     assert (root / "etc" / "slurm" / "slurm.conf").read_text() == open(cluster.node_conf_path, encoding="utf-8").read()
-    assert "NodeName=node01 Name=gpu File=/run/simfleet-slurm/nvidia[0-7]" in (root / "etc" / "slurm" / "gres.conf").read_text().splitlines()
-    assert (root / "etc" / "tmpfiles.d" / "simfleet-slurm-gpus.conf").read_text() == slurmconf.render_gpu_devices(8)
-    assert cluster.provision_node(str(root), 8) is False
+    assert (root / slurmconf.SLURMD_GRES_DROPIN).read_text() == slurmconf.render_slurmd_gres_dropin()
+    assert not (root / "etc" / "slurm" / "gres.conf").exists()  # written by slurmd's ExecStartPre on the node
+    assert cluster.provision_node(str(root)) is False
 
 
 def test_a_node_without_a_munge_user_is_an_error(tmp_path):
@@ -256,7 +275,7 @@ def test_a_node_without_a_munge_user_is_an_error(tmp_path):
     (tmp_path / "root" / "etc").mkdir(parents=True)
     (tmp_path / "root" / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
     with pytest.raises(KeyError, match="no user munge"):
-        cluster.provision_node(str(tmp_path / "root"), 8)
+        cluster.provision_node(str(tmp_path / "root"))
 
 
 def test_a_fleet_with_slurm_needs_twice_the_ports():

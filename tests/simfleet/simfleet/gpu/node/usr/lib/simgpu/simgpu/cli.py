@@ -5,7 +5,9 @@
 
 Commands: ``boot [--mount]`` (simgpu-boot.service), ``nvidia-smi ...``, ``dmesg ...``,
 ``persistenced [--stop]``, ``fabricmanager --version V [--stop]``, ``status`` (driver files as
-JSON), ``fault KIND [ARGS...]`` (apply a state fault from inside the node).
+JSON), ``fault KIND [ARGS...]`` (apply a state fault from inside the node), ``slurm-gres --write PATH``
+(the node's gres.conf as Slurm's AutoDetect would find the GPUs and MIG devices: slurmd's
+ExecStartPre on a fleet with Slurm).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import json
 import sys
 from typing import List, Optional, Sequence, TextIO
 
-from . import boot, daemons, driver, faults, is_root, klog, root_dir, smi, state_path
+from . import boot, daemons, driver, faults, is_root, klog, root_dir, slurm_gres, smi, state_path
 from .state import load_state, update_state
 
 _DMESG_FLAGS_WITH_VALUE = ("-l", "--level", "-f", "--facility", "--time-format", "-s", "--buffer-size", "--color")
@@ -72,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Dispatch ``simgpu <command> [args]``; return the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        sys.stderr.write("usage: simgpu {boot,nvidia-smi,dmesg,persistenced,fabricmanager,status,fault} ...\n")
+        sys.stderr.write("usage: simgpu {boot,nvidia-smi,dmesg,persistenced,fabricmanager,status,fault,slurm-gres} ...\n")
         return 2
     command, rest = argv[0], argv[1:]
     if command == "boot":
@@ -89,6 +91,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return daemons.fabricmanager_main(rest)
     if command == "status":
         sys.stdout.write(json.dumps(driver.status(root_dir(None)), indent=1, sort_keys=True) + "\n")
+        return 0
+    if command == "slurm-gres":
+        if len(rest) != 2 or rest[0] != "--write":
+            sys.stderr.write("usage: simgpu slurm-gres --write PATH\n")
+            return 2
+        count = slurm_gres.write(load_state(state_path(None)), rest[1])
+        sys.stdout.write("%s: %d gres/gpu\n" % (rest[1], count))
         return 0
     if command == "fault":
         if not rest:
