@@ -91,11 +91,25 @@ MAX_XID_KEYS = 128
 #: 1,000 per line; a message joined from continuation lines can be longer).
 MAX_MESSAGE_CHARS = 1024
 
-_MON = r"(?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)"
-_DOW = r"(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun)"
+# journalctl, syslog and ``dmesg -T`` print the day and month names of the node's LC_TIME locale:
+# "Jun 09" (C, en_US), "jun 09" (es_ES, nl_NL), "juin" / "janv." (fr_FR), "Mär" (de_DE). A name is
+# any short word of letters, with an optional trailing dot; the time and " kernel: " after it keep
+# the prefix specific.
+_MON = r"(?:[^\W\d_]{3,5}\.?)"
+_DOW = r"(?:[^\W\d_]{2,4}\.?)"
 _ISO_TIME = r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
-_MONTHS = {m: i + 1 for i, m in enumerate(
-    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"))}
+#: Month names → number, lower case and without the dot: English (C locale) and the abbreviations
+#: glibc prints for the common European locales. A name not here leaves the wall time unread
+#: (``_wall_seconds`` gives ``None``), never the line.
+_MONTHS = dict((name, number) for number, names in enumerate((
+    "jan ene gen janv jän", "feb febr févr fév fev", "mar mär mars maart", "apr abr avr avril",
+    "may mai mei mag maio", "jun juin giu", "jul juil lug", "aug ago août aoû",
+    "sep sept set", "oct okt ott out", "nov", "dec dic dez déc"), 1) for name in names.split())
+
+
+def _month(name: str) -> int:
+    """The number of a printed month name (any case, trailing dot dropped); KeyError when unknown."""
+    return _MONTHS[name.rstrip(".").lower()]
 
 # "<wall time> <host> kernel: " (journalctl -k short*, syslog), searched anywhere in the line.
 _SYSLOG = re.compile(
@@ -302,12 +316,12 @@ def _wall_seconds(wall: Optional[str]) -> Optional[float]:
     try:
         match = re.match(_DOW + " (" + _MON + r") {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d) (\d{4})$", text)
         if match:
-            stamp = datetime(int(match.group(6)), _MONTHS[match.group(1)], int(match.group(2)),
+            stamp = datetime(int(match.group(6)), _month(match.group(1)), int(match.group(2)),
                              int(match.group(3)), int(match.group(4)), int(match.group(5)))
             return (stamp - datetime(1970, 1, 1)).total_seconds()
         match = re.match("(" + _MON + r") {1,2}(\d{1,2}) (\d\d):(\d\d):(\d\d)(\.\d+)?$", text)
         if match:
-            stamp = datetime(2000, _MONTHS[match.group(1)], int(match.group(2)),
+            stamp = datetime(2000, _month(match.group(1)), int(match.group(2)),
                              int(match.group(3)), int(match.group(4)), int(match.group(5)))
             return (stamp - datetime(1970, 1, 1)).total_seconds() + float(match.group(6) or 0)
         match = re.search(r"(\d{4}-\d\d-\d\d)[T ](\d\d:\d\d:\d\d)([.,]\d+)?(Z|[+-]\d\d:?\d\d)?", text)
@@ -321,7 +335,7 @@ def _wall_seconds(wall: Optional[str]) -> Optional[float]:
                 digits = zone[1:].replace(":", "")
                 seconds -= sign * (int(digits[:2]) * 3600 + int(digits[2:4]) * 60)
             return seconds
-    except ValueError:
+    except (KeyError, ValueError):
         return None
     return None
 

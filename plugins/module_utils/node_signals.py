@@ -53,9 +53,10 @@ _GPU_BUS = re.compile(r"\b(?:PCI:)?((?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-f
 _INIT_FAILED = re.compile(
     r"NVRM: GPU (?:at )?(?:PCI:)?(?P<bus>(?:[0-9a-fA-F]{4,8}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?):?\s+"
     r"(?:RmInitAdapter failed!?\s*(?P<code>\([0-9a-fA-Fx:]+\))?|rm_init_adapter failed(?:, device minor number (?P<minor>\d+))?)")
-# What the driver printed before it gave up, per RM GPU instance ("NVRM: GPU0 _kgspBootGspRm: ...").
+# What the driver printed before it gave up: by RM GPU instance on R580 and later ("NVRM: GPU0
+# _kgspBootGspRm: ..."), with no GPU name on earlier branches ("NVRM: _kgspBootGspRm: ...", R575).
 _INIT_CAUSE = re.compile(
-    r"NVRM: (?P<gpu>GPU\d+) (?P<what>_kgspBootGspRm: unexpected WPR2 already up[^\n]*"
+    r"NVRM: (?:(?P<gpu>GPU\d+) )?(?P<what>_kgspBootGspRm: unexpected WPR2 already up[^\n]*"
     r"|_kgspBootGspRm: \(the GPU is likely in a bad state and may need to be reset\)"
     r"|RmInitAdapter: Cannot initialize GSP firmware RM"
     r"|kgspWaitForRmInitDone[^\n]*|nvAssertOkFailedNoLog: [^\n]*)")
@@ -173,7 +174,8 @@ def gpu_init_failures(text: Optional[str]) -> List[Dict[str, Any]]:
     failed! (0x62:0x40:2168)``, ``rm_init_adapter failed, device minor number 0``) and, before that,
     says why by its own GPU instance name (``NVRM: GPU0 _kgspBootGspRm: unexpected WPR2 already up,
     cannot proceed with booting GSP`` / ``(the GPU is likely in a bad state and may need to be
-    reset)`` / ``RmInitAdapter: Cannot initialize GSP firmware RM``). The causes printed since the
+    reset)`` / ``RmInitAdapter: Cannot initialize GSP firmware RM``), or, on earlier branches, with
+    no GPU name at all (``NVRM: _kgspBootGspRm: unexpected WPR2 already up, ...``). The causes printed since the
     previous failure are given to the next failure named by bus id. Such a GPU is missing from
     NVML and nvidia-smi ("No devices were found"); it needs a reset, in practice a cold reboot or
     power cycle of the node since it never initialised. The ``(0x62:0x40:2168)`` code is kept

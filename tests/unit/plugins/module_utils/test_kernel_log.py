@@ -219,6 +219,28 @@ def test_journalctl_short_format():
     assert summary["fatal_xids"] == [48]
 
 
+@pytest.mark.parametrize("stamp", ["jun 09 19:26:17", "juin 09 19:26:17", "Jun  9 19:26:17", "JUN 09 19:26:17"])
+def test_journalctl_month_in_the_nodes_locale(stamp):
+    # journalctl prints LC_TIME's month name: "jun 09" on an es_ES node (NVIDIA/open-gpu-kernel-modules
+    # issue 876, corpus kernel-log/open-module-load-r575-575.57.08-rtx5080-laptop-journal.log).
+    text = "%s archlinux kernel: NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus.\n" % stamp
+    event = parse_kernel_log(text)["events"][0]
+    assert (event["pci_bus_id"], event["xid"], event["time"]) == ("0000:02:00.0", 79, stamp)
+    assert kernel_log.records(text)[0][1] == "NVRM: Xid (PCI:0000:02:00): 79, GPU has fallen off the bus."
+    assert kernel_log._wall_seconds(stamp) == kernel_log._wall_seconds("Jun 09 19:26:17")
+
+
+def test_dmesg_ctime_names_in_the_nodes_locale_and_an_unknown_month():
+    text = "[lun. juin  9 19:26:17 2025] NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.\n"
+    record = kernel_log.records(text)[0]
+    assert (record[1], record[3]) == ("NVRM: Xid (PCI:0000:01:00): 79, GPU has fallen off the bus.",
+                                      "lun. juin  9 19:26:17 2025")
+    assert kernel_log._wall_seconds("lun. juin  9 19:26:17 2025") == kernel_log._wall_seconds("Mon Jun  9 19:26:17 2025")
+    # A month name outside the table keeps the line read, only its wall time unread.
+    assert kernel_log._wall_seconds("xyz 09 19:26:17") is None
+    assert parse_kernel_log("xyz 09 19:26:17 n kernel: NVRM: Xid (PCI:0000:01:00): 79, x\n")["events"][0]["xid"] == 79
+
+
 def test_journalctl_boot_separator_ends_incidents():
     text = (
         "Mar 03 10:15:01 n kernel: NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=a, Graphics Exception\n"

@@ -94,6 +94,25 @@ def test_case38_gsp_boot_failure_names_the_gpu(name, bus, count, minor):
     assert any("unexpected WPR2 already up" in cause for cause in failure["causes"])
 
 
+def test_gsp_boot_failure_causes_without_a_gpu_instance_name():
+    # R575 prints the causes with no "GPU0 " (NVIDIA/open-gpu-kernel-modules issue 876, corpus
+    # kernel-log/gsp-wpr2-already-up-xid120-crashcat-rtx5080-laptop.log); R580+ names the instance.
+    text = "\n".join([
+        "[   84.810006] NVRM: _kgspBootGspRm: unexpected WPR2 already up, cannot proceed with booting GSP",
+        "[   84.810007] NVRM: _kgspBootGspRm: (the GPU is likely in a bad state and may need to be reset)",
+        "[   84.810046] NVRM: RmInitAdapter: Cannot initialize GSP firmware RM",
+        "[   84.811879] NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x62:0x40:1941)",
+        "[   84.813774] NVRM: GPU 0000:01:00.0: rm_init_adapter failed, device minor number 0",
+    ]) + "\n"
+    failures = node_signals.gpu_init_failures(text)
+    assert [(f["pci_bus_id"], f["count"], f["code"], f["device_minor"]) for f in failures] == [
+        ("0000:01:00.0", 2, "(0x62:0x40:1941)", 0)]
+    assert failures[0]["gsp_boot_failed"] is True and failures[0]["reset_needed"] is True
+    assert failures[0]["causes"][0] == "_kgspBootGspRm: unexpected WPR2 already up, cannot proceed with booting GSP"
+    found = kernel_log_coverage.unrecognised_lines(text)
+    assert (found["count"], found["error_count"], found["nvidia_lines"]) == (0, 0, 5)
+
+
 def test_case38_bundle_gpu_not_usable_no_xid_no_rollback_signal():
     facts = _bundle(dmesg_txt=_case(CASE38, "input-dmesg-1058.log"))
     assert facts["xid_events"] == []
