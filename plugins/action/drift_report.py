@@ -119,8 +119,11 @@ class ActionModule(ControllerAction):
         errors = {}
         for _judged, part_errors in parts:
             errors.update(part_errors)
+        # Which nodes keep their GPU summaries is settled after the class-level version skew check,
+        # which can drift a node its own checks found in sync: that node's facts are read again.
         report = drift.roll_up((item for judged, _errors in parts for item in judged),
-                               generated_at=generated, source=source)
+                               generated_at=generated, source=source, keep_gpus=keep_gpus,
+                               facts_of=lambda host: facts_of(host, {})[0])
         report["source_errors"] = errors
         code = drift.exit_code(report, args["report_only"], args["fail_on"])
         report["skipped_outputs"] = skipped

@@ -598,7 +598,9 @@ def judge_node(item: Mapping[str, Any], engine: "DriftEngine", keep_gpus: str = 
         optional: :func:`facts_problem` already ran), "hostname" (optional: the node's own host name,
         ``uname -n``, when it is known and may differ from the inventory name)}``.
     :param keep_gpus: ``none``, ``drifted`` (keep :func:`gpu_summaries` of a node that is not in
-        sync) or ``all``.
+        sync by its own checks) or ``all``. The class-level check (:func:`version_skew`) is not
+        known here: a node it drifts has no ``gpus`` yet, and :func:`roll_up` with ``keep_gpus``
+        and ``facts_of`` takes the final decision, once every finding is known.
     :returns: ``{"class", "in_sync", "missing", "worst_severity", "findings", "driver": {"loaded",
         "userspace", "on_disk", "branch", "state"}}`` plus ``"gpus"`` when kept, ``"hostname"`` when given
         and, for a node not in sync whose facts have one, ``"headline"`` (``{verdict, summary, action,
@@ -694,8 +696,48 @@ def version_skew(judged: List[Tuple[str, Dict[str, Any]]]) -> Dict[str, Dict[str
     return out
 
 
+#: Values of ``keep_gpus`` (:func:`judge_node`, :func:`settle_gpus`): which nodes keep their GPU summaries.
+KEEP_GPUS = ("none", "drifted", "all")
+
+
+def settle_gpus(judged: List[Tuple[str, Dict[str, Any]]], keep_gpus: str,
+                facts_of: Optional[Callable[[str], Any]] = None) -> int:
+    """Decide which nodes keep their GPU summaries, once every finding is known (node and class level).
+
+    :func:`judge_node` keeps the summaries of the nodes its own checks drift; :func:`version_skew`
+    may drift more nodes afterwards, whose facts are no longer at hand (they were judged in a worker
+    process). Their summaries are made here from ``facts_of``; a node that is in sync loses them
+    under ``drifted``, every node loses them under ``none``, and a node without facts has none.
+
+    :param judged: ``(name, judge_node(...))`` per node, after :func:`version_skew` (changed in place:
+        ``gpus`` set or removed).
+    :param keep_gpus: ``none``, ``drifted`` or ``all`` (:data:`KEEP_GPUS`).
+    :param facts_of: ``facts_of(name) -> ansible_facts.nvidia document or None``, called once for
+        each node that needs summaries and has none; ``None``: such a node is left without ``gpus``.
+        A document that cannot be summarised (not a mapping, a wrong type deep inside) gives ``[]``.
+    :returns: how many nodes got their summaries from ``facts_of``.
+    :raises ValueError: for a ``keep_gpus`` not in :data:`KEEP_GPUS`.
+    """
+    if keep_gpus not in KEEP_GPUS:
+        raise ValueError("keep_gpus must be one of %s, got %r" % (", ".join(KEEP_GPUS), keep_gpus))
+    made = 0
+    for name, node in judged:
+        wanted = not node.get("missing") and (keep_gpus == "all" or (keep_gpus == "drifted" and not node["in_sync"]))
+        if not wanted:
+            node.pop("gpus", None)
+        elif "gpus" not in node and facts_of is not None:
+            facts = facts_of(name)
+            try:
+                node["gpus"] = gpu_summaries(facts, node["findings"]) if _is_mapping(facts) else []
+            except (AttributeError, TypeError, ValueError):
+                node["gpus"] = []
+            made += 1
+    return made
+
+
 def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional[str] = None,
-            source: Optional[str] = None) -> Dict[str, Any]:
+            source: Optional[str] = None, keep_gpus: Optional[str] = None,
+            facts_of: Optional[Callable[[str], Any]] = None) -> Dict[str, Any]:
     """Roll judged nodes (``(name, judge_node(...))`` in node order) up per class and for the fleet.
 
     The drift report: the ``drift_report`` action judges every node with :func:`judge_node` (in
@@ -705,6 +747,10 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
         ``missing`` is taken out (counted), the rest is kept as the node's entry.
     :param generated_at: ISO 8601 time to put in the report; :param source: where the facts came
         from (``live``, ``dir:<path>``, ``jsonfile:<path>``).
+    :param keep_gpus: ``none``, ``drifted`` or ``all``: which nodes keep ``gpus``, decided after the
+        class-level :func:`version_skew` (:func:`settle_gpus`, with ``facts_of``); ``None`` keeps what
+        :func:`judge_node` kept.
+    :param facts_of: ``facts_of(name) -> facts document or None`` for :func:`settle_gpus`.
     :returns: ``{"generated_at", "source", "summary": {"nodes", "in_sync", "drifted", "missing",
         "findings", "by_severity": {severity: n}, "by_check": {check: n}, "worst_severity"},
         "classes": {class: {"nodes", "in_sync", "drifted", "missing", "by_check", "worst_severity",
@@ -715,9 +761,12 @@ def roll_up(judged: Iterable[Tuple[str, Dict[str, Any]]], generated_at: Optional
         A node is ``in_sync`` when it has no finding above ``info``; ``missing`` when its facts
         are missing, are not a facts document (:func:`facts_problem`) or could not be judged
         (:func:`judge_node`); one such node never stops the report.
+    :raises ValueError: for a ``keep_gpus`` not in :data:`KEEP_GPUS`.
     """
     judged = list(judged)
     skew = version_skew(judged)
+    if keep_gpus is not None:
+        settle_gpus(judged, keep_gpus, facts_of)
     summary = {"nodes": 0, "in_sync": 0, "drifted": 0, "missing": 0, "findings": 0,
                "by_severity": dict((s, 0) for s in FINDING_SEVERITIES), "by_check": {}, "worst_severity": None}
     classes = {}  # type: Dict[str, Dict[str, Any]]

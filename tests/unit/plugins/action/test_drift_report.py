@@ -108,6 +108,32 @@ def test_drift_playbook_from_a_fact_directory(fleet_dir):
     assert 'gpufleet_gpu_info{Hostname="h1"' not in prom
 
 
+def test_a_node_drifted_only_by_version_skew_has_its_gpus_in_the_json_and_the_prometheus_file(tmp_path):
+    # s1 and s2 are in sync by their own checks (R620 on Hopper, 600 W); two versions in one class
+    # drift the older one. The action judges them, then settles the GPU summaries after that check.
+    (tmp_path / "inventory.yml").write_text(
+        "all:\n  children:\n    gpu_h100:\n      hosts:\n        s1: {}\n        s2: {}\n      vars:\n"
+        "        driver_branch: ltsb\n        gpu_policy_power_limit_w: 600\n        gpufleet_gpu_count: 8\n")
+    (tmp_path / "facts").mkdir()
+    for host, version in (("s1", "620.70.06"), ("s2", "620.60.01")):
+        doc = facts("Hopper", "NVIDIA H100 80GB HBM3", version, 600.0)
+        for gpu in doc["gpus"]:
+            gpu["pci_bus_id"] = "0000:%02x:00.0" % (0x18 + gpu["index"])
+        (tmp_path / "facts" / ("%s.json" % host)).write_text(json.dumps(doc))
+    proc = run_playbook(tmp_path, os.path.join(REPO, "playbooks", "drift_report.yml"), "-e", "drift_source=dir",
+                        "-e", "drift_path=%s" % (tmp_path / "facts"), "-e", "drift_output_dir=out",
+                        "-e", "drift_report_only=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "out" / "drift-report.json").read_text())
+    assert [f["check"] for f in report["nodes"]["s2"]["findings"]] == ["driver_version_skew"]
+    assert [gpu["pci_bus_id"] for gpu in report["nodes"]["s2"]["gpus"]] == ["0000:%02x:00.0" % (0x18 + i) for i in range(8)]
+    assert "gpus" not in report["nodes"]["s1"]
+    prom = (tmp_path / "out" / "gpufleet_drift.prom").read_text()
+    assert prom.count('gpufleet_gpu_info{Hostname="s2"') == 8
+    assert 'pci_bus_id="00000000:4B:00.0"' not in prom and 'pci_bus_id="00000000:1F:00.0"' in prom
+    assert 'Hostname="s1",UUID=' not in prom
+
+
 def test_drift_playbook_report_only_exits_zero(fleet_dir):
     proc = run_playbook(fleet_dir, os.path.join(REPO, "playbooks", "drift_report.yml"),
                         "-e", "drift_source=dir", "-e", "drift_path=%s" % (fleet_dir / "facts"),

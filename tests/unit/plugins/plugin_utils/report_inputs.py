@@ -25,8 +25,10 @@ def drift_report(nodes, generated_at=None, source=None, keep_gpus="none", engine
     """The drift report of ``nodes`` as the drift_report action makes it: drift.judge_node per node
     (``{"node", "class", "facts", "declared", ...}``, in this order), then drift.roll_up."""
     engine = engine or DriftEngine()
+    nodes = list(nodes)
+    facts = dict((item["node"], item.get("facts")) for item in nodes)
     return roll_up(((item["node"], judge_node(item, engine, keep_gpus)) for item in nodes),
-                   generated_at=generated_at, source=source)
+                   generated_at=generated_at, source=source, keep_gpus=keep_gpus, facts_of=facts.get)
 
 
 #: The PCI bus ids of an 8-GPU HGX H100 board, in NVML index order.
@@ -118,8 +120,9 @@ def drift_fleet(nodes=100, hostile=None):
                 shared[item["class"]] = judge_node(item, engine, "drifted")
             return dict(shared[item["class"]])
         return judge_node(item, engine, "drifted")
+    facts = dict((item["node"], item["facts"]) for item in items)
     report = roll_up(((item["node"], judged(item)) for item in items), generated_at="2026-12-02T04:00:00Z",
-                     source="jsonfile:/var/cache/facts")
+                     source="jsonfile:/var/cache/facts", keep_gpus="drifted", facts_of=facts.get)
     report["source_errors"] = {}
     return report, expected
 

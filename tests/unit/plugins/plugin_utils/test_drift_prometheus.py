@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -13,9 +14,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ansible_collections.gpufleet.nvidia.plugins.module_utils import kernel_log
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import declared_state
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.drift import declared_state, settle_gpus
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
-from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_prometheus
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import drift_output, drift_prometheus
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_report as rr
 
@@ -151,6 +152,53 @@ def test_per_gpu_series_hold_power_remapped_rows_xids_and_policy(tmp_path):
     assert ours[("gpufleet_drift_class_nodes", frozenset({"class": "gpu_h100", "status": "drifted"}.items()))] == 3.0
     everything = samples(write(tmp_path, fleet_report(keep_gpus="all")))
     assert ("gpufleet_gpu_persistence_mode", gpu("ok1", "GPU-18-0", 0, "00000000:18:00.0")) in everything
+
+
+def test_a_node_drifted_only_by_driver_version_skew_keeps_its_gpus_in_the_json_and_the_series(tmp_path):
+    # Its own checks find "odd" in sync; the class-level pass drifts it (two versions in gpu_h100, one node each:
+    # the newest wins), after judge_node decided the GPU summaries. The default prometheus_gpus=drifted keeps them.
+    odd = node()
+    odd["driver"].update(userspace_version="580.82.07", loaded_version="580.82.07", on_disk_version="580.82.07")
+    nodes = [{"node": "ok1", "class": "gpu_h100", "facts": node(), "declared": DECLARED},
+             {"node": "odd", "class": "gpu_h100", "facts": odd, "declared": DECLARED, "hostname": "odd.node"}]
+    report = drift_report(nodes, generated_at="2026-12-01T00:00:00Z", source="test", keep_gpus="drifted")
+    entry = json.loads(drift_output.render_json(report))["nodes"]["odd"]
+    assert [f["check"] for f in entry["findings"]] == ["driver_version_skew"] and entry["in_sync"] is False
+    assert len(entry["gpus"]) == 2 and [gpu["pci_bus_id"] for gpu in entry["gpus"]] == list(BUS)
+    assert [gpu["findings"] for gpu in entry["gpus"]] == [0, 0]
+    assert "gpus" not in json.loads(drift_output.render_json(report))["nodes"]["ok1"]
+    ours = samples(write(tmp_path, report))
+    odd_gpus = sorted((name, dict(labels)["pci_bus_id"]) for (name, labels) in ours
+                      if name == "gpufleet_gpu_info" and dict(labels)["Hostname"] == "odd.node")
+    assert odd_gpus == [("gpufleet_gpu_info", "00000000:18:00.0"), ("gpufleet_gpu_info", "00000000:2A:00.0")]
+    labels = frozenset({"Hostname": "odd.node", "UUID": "GPU-18-0", "gpu": "0", "pci_bus_id": "00000000:18:00.0",
+                        "modelName": "NVIDIA H100 80GB HBM3", "limit": "enforced"}.items())
+    assert ours[("gpufleet_gpu_power_limit_watts", labels)] == 700.0
+    assert not [labels for (name, labels) in ours if name.startswith("gpufleet_gpu_") and ("Hostname", "ok1") in labels]
+    # The same series as with prometheus_gpus=all, which kept every node's GPUs from the start.
+    everything = samples(write(tmp_path, drift_report(nodes, source="test", keep_gpus="all")))
+    assert sorted(k for k in ours if ("Hostname", "odd.node") in k[1] and k[0].startswith("gpufleet_gpu_")) == sorted(
+        k for k in everything if ("Hostname", "odd.node") in k[1] and k[0].startswith("gpufleet_gpu_"))
+
+
+def test_gpu_summaries_are_settled_after_every_finding():
+    judged = [("a", {"in_sync": False, "missing": False, "findings": []}),
+              ("b", {"in_sync": True, "missing": False, "findings": [], "gpus": [{"index": 0}]}),
+              ("c", {"in_sync": False, "missing": True, "findings": []})]
+    asked = []
+
+    def facts_of(name):
+        asked.append(name)
+        return node()
+    assert settle_gpus(judged, "drifted", facts_of) == 1
+    assert asked == ["a"] and len(judged[0][1]["gpus"]) == 2
+    assert "gpus" not in judged[1][1] and "gpus" not in judged[2][1]
+    settle_gpus(judged, "none")
+    assert not [entry for _name, entry in judged if "gpus" in entry]
+    settle_gpus(judged, "all", lambda name: "not a document")
+    assert [entry.get("gpus") for _name, entry in judged] == [[], [], None]
+    with pytest.raises(ValueError, match="keep_gpus must be one of none, drifted, all"):
+        settle_gpus(judged, "some")
 
 
 def test_rollout_metrics_from_a_rollout_report(tmp_path):
