@@ -82,7 +82,9 @@ options:
         C(requirements.txt)); without it the others are written, the result's C(warnings) and
         C(skipped_outputs) say once that the textfile was skipped and how to get it, and so do the
         JSON, Markdown and HTML reports.
-      - Given and naming V(prometheus), a controller without C(prometheus_client) fails the task.
+      - Given and naming V(prometheus), a controller without C(prometheus_client) fails the task before
+        any work, with the same remedy as that warning (the controller's Python and the
+        C(<python> -m pip install -r <collection>/requirements.txt) command).
     type: list
     elements: str
     choices: [json, markdown, html, junit, prometheus]

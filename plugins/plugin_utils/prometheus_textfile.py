@@ -40,32 +40,57 @@ class _Families(object):
         return iter(self.families)
 
 
+def remedy() -> str:
+    """What is missing and the command that gets it: the one text of every message about a missing
+    ``prometheus_client`` (:func:`skipped_note`, :func:`unavailable_message`).
+
+    :returns: one clause naming the controller's Python (``sys.executable``) and the command that
+        installs the collection's controller requirements (:data:`REQUIREMENTS`), e.g.
+        ``"the controller's Python (/venv/bin/python3) has no prometheus_client; to get it, install
+        the collection's controller requirements (/venv/bin/python3 -m pip install -r
+        .../gpufleet/nvidia/requirements.txt) and run the report again"``.
+    :raises: nothing.
+    """
+    return ("the controller's Python (%s) has no prometheus_client; to get it, install the collection's controller "
+            "requirements (%s -m pip install -r %s) and run the report again" % (sys.executable, sys.executable,
+                                                                                  REQUIREMENTS))
+
+
+def unavailable_message() -> str:
+    """Why a Prometheus output that was asked for cannot be written (:class:`PrometheusUnavailable`).
+
+    :returns: ``"the Prometheus output was asked for (formats names prometheus) but "`` + :func:`remedy`
+        + ``", or leave prometheus out of the formats"``.
+    :raises: nothing.
+    """
+    return "the Prometheus output was asked for (formats names prometheus) but %s, or leave prometheus out of the formats" % (
+        remedy())
+
+
 def require() -> None:
     """Check that ``prometheus_client`` can be imported.
 
-    :raises PrometheusUnavailable: with what to do when it cannot.
+    :raises PrometheusUnavailable: when it cannot, with :func:`unavailable_message` (what to do).
     """
     try:
         import prometheus_client  # noqa: F401 pylint: disable=import-outside-toplevel,unused-import
     except ImportError:
-        raise PrometheusUnavailable("the Prometheus output needs the Python package prometheus_client on the controller "
-                                    "(pip install prometheus-client), or leave prometheus out of the formats")
+        raise PrometheusUnavailable(unavailable_message())
 
 
 def skipped_note(path: str) -> str:
     """What a report says once when its default formats meant a Prometheus file it could not write.
 
     :param path: the textfile that was not written.
-    :returns: one sentence naming the file, the controller's Python (``sys.executable``) and the
-        command that installs the collection's controller requirements (:data:`REQUIREMENTS`), e.g.
+    :returns: one sentence naming the file and then :func:`remedy` (the controller's Python and the
+        command that installs the collection's controller requirements), e.g.
         ``"the Prometheus textfile /r/gpufleet_drift.prom was not written: the controller's Python
         (/venv/bin/python3) has no prometheus_client; to get it, install the collection's controller
         requirements (/venv/bin/python3 -m pip install -r .../gpufleet/nvidia/requirements.txt) and run
         the report again; every other format was written"``.
+    :raises: nothing.
     """
-    return ("the Prometheus textfile %s was not written: the controller's Python (%s) has no prometheus_client; "
-            "to get it, install the collection's controller requirements (%s -m pip install -r %s) and run the "
-            "report again; every other format was written" % (path, sys.executable, sys.executable, REQUIREMENTS))
+    return "the Prometheus textfile %s was not written: %s; every other format was written" % (path, remedy())
 
 
 def available() -> bool:

@@ -19,6 +19,7 @@ import pytest
 
 from ansible_collections.gpufleet.nvidia.plugins.action.drift_report import host_classes
 from ansible_collections.gpufleet.nvidia.plugins.module_utils.facts_model import new_facts, new_gpu
+from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import prometheus_textfile
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
 
@@ -349,7 +350,12 @@ def test_prometheus_asked_for_without_prometheus_client_fails_with_the_clear_mes
     proc = _drift_playbook_without_prometheus_client(fleet_dir, "-e", '{"drift_formats": ["json", "prometheus"]}')
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out
-    assert ("drift_report: the Prometheus output needs the Python package prometheus_client on the controller "
-            "(pip install prometheus-client), or leave prometheus out of the formats") in out
+    # The remedy of the warning given when the default formats skip the file: the same Python, the same command.
+    remedy = ("the controller's Python (%s) has no prometheus_client; to get it, install the collection's controller "
+              "requirements (%s -m pip install -r %s) and run the report again" % (
+                  sys.executable, sys.executable, prometheus_textfile.REQUIREMENTS))
+    assert ("drift_report: the Prometheus output was asked for (formats names prometheus) but %s, or leave prometheus "
+            "out of the formats" % remedy) in out, out
+    assert os.path.isfile(prometheus_textfile.REQUIREMENTS)
     # Nothing judged or written: asked for, the textfile is not skipped.
     assert not (fleet_dir / "out").exists()

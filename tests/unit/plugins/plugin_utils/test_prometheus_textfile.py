@@ -35,9 +35,18 @@ def test_families_are_written_in_order_and_nothing_else(tmp_path):
 def test_without_prometheus_client_the_error_says_what_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
     assert prometheus_textfile.available() is False
-    with pytest.raises(prometheus_textfile.PrometheusUnavailable, match="pip install prometheus-client"):
+    with pytest.raises(prometheus_textfile.PrometheusUnavailable) as raised:
         prometheus_textfile.write_families(str(tmp_path / "test.prom"), [])
     assert list(tmp_path.iterdir()) == []
+    # One remedy text, in the failure (asked for) and in the note of a skipped file (default formats).
+    remedy = prometheus_textfile.remedy()
+    assert remedy == ("the controller's Python (%s) has no prometheus_client; to get it, install the collection's "
+                      "controller requirements (%s -m pip install -r %s) and run the report again" % (
+                          sys.executable, sys.executable, prometheus_textfile.REQUIREMENTS))
+    assert str(raised.value) == ("the Prometheus output was asked for (formats names prometheus) but %s, or leave "
+                                 "prometheus out of the formats" % remedy)
+    assert prometheus_textfile.skipped_note("/r/x.prom") == (
+        "the Prometheus textfile /r/x.prom was not written: %s; every other format was written" % remedy)
 
 
 def test_with_prometheus_client_it_is_available():
