@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -133,6 +134,50 @@ def test_a_node_drifted_only_by_version_skew_has_its_gpus_in_the_json_and_the_pr
     assert prom.count('gpufleet_gpu_info{Hostname="s2"') == 8
     assert 'pci_bus_id="00000000:4B:00.0"' not in prom and 'pci_bus_id="00000000:1F:00.0"' in prom
     assert 'Hostname="s1",UUID=' not in prom
+
+
+def _bundle_recipe():
+    """The inventory and the commands of docs/drift.md's recipe from support bundles, as written there."""
+    with open(os.path.join(REPO, "docs", "drift.md")) as handle:
+        text = handle.read()
+    section = text.split("### Without a live fleet: stored facts, or support bundles", 1)[1].split("\n## ", 1)[0]
+    inventory = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    shell = section.split("```sh\n", 1)[1].split("```", 1)[0].replace("\\\n", " ")
+    commands = [shlex.split(line.split("#", 1)[0]) for line in shell.splitlines() if line.startswith("ansible-playbook")]
+    return inventory, commands
+
+
+def test_the_documented_recipe_turns_a_support_bundle_into_a_drift_report(tmp_path):
+    inventory, commands = _bundle_recipe()
+    (tmp_path / "bundles.yml").write_text(inventory.replace("/path/to/gpufleet/nvidia", REPO))
+    (tmp_path / "facts").mkdir()
+    env = dict(os.environ, ANSIBLE_NOCOLOR="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.default",
+               ANSIBLE_LOCALHOST_WARNING="False", ANSIBLE_INVENTORY_UNPARSED_WARNING="False")
+    assert [argv[:2] for argv in commands] == [["ansible-playbook", "gpufleet.nvidia.facts"],
+                                               ["ansible-playbook", "gpufleet.nvidia.drift_report"]]
+    for argv in commands:
+        argv = [os.path.join(os.path.dirname(sys.executable), "ansible-playbook")] + [
+            arg.replace("$PWD", str(tmp_path)) for arg in argv[1:]]
+        proc = subprocess.run(argv, cwd=str(tmp_path), env=env, capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    saved = json.loads((tmp_path / "facts" / "node17.json").read_text())
+    assert saved["source"] == "capture" and saved["driver"]["state"] == "broken"
+    report = json.loads((tmp_path / "gpufleet-reports" / "drift" / "drift-report.json").read_text())
+    assert report["source"] == "dir:%s" % (tmp_path / "facts")
+    assert [(f["node"], f["check"], f["severity"]) for f in report["findings"]] == [("node17", "driver_state", "critical")]
+    assert "a reboot will not fix it" in report["findings"][0]["message"]
+
+
+@pytest.mark.parametrize("value, problem", [('""', 'got str ""'), ('["bundle"]', 'got list ["bundle"]')])
+def test_facts_playbook_checks_gpufleet_capture_dir(tmp_path, value, problem):
+    inventory, _commands = _bundle_recipe()
+    (tmp_path / "inventory.yml").write_text(inventory)
+    proc = run_playbook(tmp_path, os.path.join(REPO, "playbooks", "facts.yml"),
+                        "-e", '{"gpufleet_capture_dir": %s}' % value)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "gpufleet_capture_dir must be the path of a support bundle directory (a non-empty string), " + problem in out
+    assert "Read driver and GPU state" not in out
 
 
 def test_drift_playbook_report_only_exits_zero(fleet_dir):
