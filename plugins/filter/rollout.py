@@ -77,6 +77,11 @@ def rollout_cut_off(hostvars, node, stage, rollout_id, run_id, answers):
     return rollout_report.cut_off_record(node, stage, rollout_id, run_id, bool(answers), hostvars or {})
 
 
+def rollout_replaced_gpus(values):
+    """The GPUs declared replaced (an RMA) read once: normalised bus ids and the entries that are none."""
+    return rv.read_replaced_gpus(values)
+
+
 def rollout_drain_state(output, backend):
     """Whether the node is out of service in its scheduler (``scontrol show node -o`` / cordon jsonpath)."""
     return _call(scheduler_state.drain_state, str(backend), output)
@@ -154,6 +159,7 @@ class FilterModule(object):
             "rollout_snapshot": rollout_snapshot,
             "rollout_cut_off": rollout_cut_off,
             "rollout_drain_state": rollout_drain_state,
+            "rollout_replaced_gpus": rollout_replaced_gpus,
             "rollout_drained_by_others": rollout_drained_by_others,
             "rollout_drain_record": rollout_drain_record,
             "rollout_soak": rollout_soak,

@@ -294,21 +294,43 @@ def _uuids(facts: Optional[Mapping[str, Any]], replaced: Iterable[str] = ()) -> 
                   and normalize_pci_bus_id(gpu.get("pci_bus_id")) not in skip)
 
 
-def replaced_buses(values: Any) -> List[str]:
-    """The ``replaced_gpus`` option as normalised PCI bus ids (``"0000:3b:00.0"``, facts_model.normalize_pci_bus_id).
+def read_replaced_gpus(values: Any) -> Dict[str, List[str]]:
+    """The ``replaced_gpus`` option (``rollback_replaced_gpus`` / ``node_upgrade_replaced_gpus``) read
+    once, for the role's check before the node is touched and for the verification alike.
 
-    :param values: a list of bus ids, or one comma-separated string (an extra var arrives as a string).
-    :raises ValueError: for a value that is no PCI bus id (named).
+    :param values: a list of PCI bus ids, or one comma-separated string (an extra var arrives as a
+        string); None or empty: no GPU replaced.
+    :returns: ``{"buses": [normalised bus ids, "0000:3b:00.0" (facts_model.normalize_pci_bus_id)],
+        "invalid": [the entries, stripped, that are no PCI bus id]}``.
     """
     if isinstance(values, str):
-        values = [v for v in values.split(",") if v.strip()]
-    out = []
-    for value in values or ():
-        bus = normalize_pci_bus_id(str(value).strip())
+        values = values.split(",")
+    elif values is None:
+        values = []
+    elif not isinstance(values, (list, tuple)):
+        values = [values]
+    buses, invalid = [], []  # type: List[str], List[str]
+    for value in values:
+        text = str(value).strip()
+        if not text:
+            continue
+        bus = normalize_pci_bus_id(text)
         if bus is None:
-            raise ValueError("replaced_gpus: %r is not a PCI bus id (e.g. 0000:3b:00.0)" % (value,))
-        out.append(bus)
-    return out
+            invalid.append(text)
+        elif bus not in buses:
+            buses.append(bus)
+    return {"buses": buses, "invalid": invalid}
+
+
+def replaced_buses(values: Any) -> List[str]:
+    """The ``replaced_gpus`` option as normalised PCI bus ids (:func:`read_replaced_gpus`).
+
+    :raises ValueError: for a value that is no PCI bus id (named).
+    """
+    read = read_replaced_gpus(values)
+    if read["invalid"]:
+        raise ValueError("replaced_gpus: %s is not a PCI bus id (e.g. 0000:3b:00.0)" % ", ".join(repr(v) for v in read["invalid"]))
+    return read["buses"]
 
 
 def _note_replaced(result: Dict[str, Any], before: Optional[Mapping[str, Any]], after: Mapping[str, Any],

@@ -28,6 +28,7 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.rollout_verdict im
     preflight,
     rollback_target,
     soak_verdict,
+    read_replaced_gpus,
     verify_upgrade,
 )
 
@@ -147,6 +148,17 @@ def test_verify_a_replaced_gpu_fails_unless_its_slot_is_declared_replaced():
     assert "gpu_count_changed" in verdict["flags"]
     with pytest.raises(ValueError, match="replaced_gpus: 'slot 3' is not a PCI bus id"):
         verify_upgrade(facts(OLD), facts(OLD), OLD, options={"replaced_gpus": ["slot 3"]})
+
+
+@pytest.mark.parametrize("values, buses, invalid", [
+    # An extra var arrives as one string; the role's check and the verification read it alike.
+    ("0000:3b:00.0, 3B:00.0,,00000000:18:00.0", ["0000:3b:00.0", "0000:18:00.0"], []),
+    (["0000:3b:00.0", "slot2", " "], ["0000:3b:00.0"], ["slot2"]),
+    ("slot2", [], ["slot2"]),
+    ([], [], []), (None, [], []), ("", [], []),
+])
+def test_the_replaced_gpus_are_read_once_for_the_check_and_the_verification(values, buses, invalid):
+    assert read_replaced_gpus(values) == {"buses": buses, "invalid": invalid}
 
 
 def test_verify_version_mismatch_after_reboot_rolls_back():
