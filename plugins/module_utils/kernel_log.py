@@ -111,6 +111,7 @@ def _month(name: str) -> int:
     """The number of a printed month name (any case, trailing dot dropped); KeyError when unknown."""
     return _MONTHS[name.rstrip(".").lower()]
 
+
 # "<wall time> <host> kernel: " (journalctl -k short*, syslog), searched anywhere in the line.
 _SYSLOG = re.compile(
     r"(?:^|\s)(?P<wall>" + _MON + r" {1,2}\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)?"

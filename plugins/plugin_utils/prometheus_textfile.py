@@ -51,9 +51,9 @@ def remedy() -> str:
         .../gpufleet/nvidia/requirements.txt) and run the report again"``.
     :raises: nothing.
     """
+    python = sys.executable
     return ("the controller's Python (%s) has no prometheus_client; to get it, install the collection's controller "
-            "requirements (%s -m pip install -r %s) and run the report again" % (sys.executable, sys.executable,
-                                                                                  REQUIREMENTS))
+            "requirements (%s -m pip install -r %s) and run the report again" % (python, python, REQUIREMENTS))
 
 
 def unavailable_message() -> str:
