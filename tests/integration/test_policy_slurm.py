@@ -38,9 +38,9 @@ SIMFLEET_DIR = os.path.join(REPO, "tests", "simfleet")
 if SIMFLEET_DIR not in sys.path:
     sys.path.append(SIMFLEET_DIR)
 
-from test_rollout_fleet import BASELINE, wait_for  # noqa: E402
+from test_rollout_fleet import rollout_fleet, wait_for  # noqa: E402
 from test_rollout_slurm import INVENTORY, SlurmRollouts, release  # noqa: E402
-from simfleet.testing import SimFleet, ansible_env, baseline_playbook, fleet_unavailable, make_fleet, session_fleet_name  # noqa: E402
+from simfleet.testing import session_fleet_name  # noqa: E402
 
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import scheduler_state  # noqa: E402
 
@@ -80,26 +80,8 @@ def _mig_devices(handle, node, index):
 
 @pytest.fixture(scope="module")
 def policy_slurm(tmp_path_factory):
-    reason = fleet_unavailable()
-    if reason:
-        pytest.skip(reason)
-    fleet = make_fleet(session_fleet_name("pytest-policy-slurm"), None, "h100",
-                       os.environ.get("POLICY_SLURM_PORTS"), slurm=True)
-    try:
-        sf = SimFleet(fleet)
-        env = {"PATH": fleet.slurm().bin_dir + os.pathsep + ansible_env()["PATH"]}
-        handle = SlurmRollouts(sf, str(tmp_path_factory.mktemp("policy-slurm")), inventory=INVENTORY,
-                               reboot_timeout_s=180, env=env)
-        baseline = os.path.join(handle.dir, "baseline.yml")
-        with open(baseline, "w") as out:
-            out.write(baseline_playbook(BASELINE))
-        code, log = handle.run(baseline)
-        assert code == 0, log[-4000:]
-        yield handle
-        handle.reap()
-    finally:
-        if os.environ.get("SIMFLEET_TEST_KEEP") != "1":
-            fleet.down(purge=True)
+    yield from rollout_fleet(tmp_path_factory, session_fleet_name("pytest-policy-slurm"), os.environ.get("POLICY_SLURM_PORTS"),
+                             "h100", slurm=True, handle_class=SlurmRollouts, inventory=INVENTORY, reboot_timeout_s=180)
 
 
 def test_a_mig_change_on_a_slurm_node_waits_for_its_job_and_resumes_it_only_with_the_new_count(policy_slurm):

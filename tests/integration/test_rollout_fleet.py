@@ -291,20 +291,24 @@ class Rollouts(object):
         return self.fleet.run(node, "test -e /var/lib/gpufleet/rollout/lock.json").returncode == 0
 
 
-def rollout_fleet(tmp_path_factory, name, ports, layout, **rollouts_args):
+def rollout_fleet(tmp_path_factory, name, ports, layout, slurm=False, handle_class=None, **rollouts_args):
     """Bring up a fleet of ``layout`` with every node on the baseline driver; yield its Rollouts.
 
     ``name`` and ``ports`` may be overridden by ``<NAME>_FLEET`` / ``<NAME>_PORTS`` in the
-    environment (``name`` upper-cased, ``-`` → ``_``). The fleet is purged afterwards unless
-    ``SIMFLEET_TEST_KEEP=1``.
+    environment (``name`` upper-cased, ``-`` → ``_``). ``slurm``: the fleet runs its Slurm cluster and
+    the runs find its command wrappers first in ``PATH``. ``handle_class``: the Rollouts class to
+    yield (default Rollouts). The fleet is purged afterwards unless ``SIMFLEET_TEST_KEEP=1``.
     """
     reason = fleet_unavailable()
     if reason:
         pytest.skip(reason)
     env = name.upper().replace("-", "_")
-    fleet = make_fleet(os.environ.get(env + "_FLEET") or name, None, layout, os.environ.get(env + "_PORTS") or ports)
+    fleet = make_fleet(os.environ.get(env + "_FLEET") or name, None, layout, os.environ.get(env + "_PORTS") or ports,
+                       slurm=slurm)
     try:
-        handle = Rollouts(SimFleet(fleet), str(tmp_path_factory.mktemp(name)), **rollouts_args)
+        if slurm:
+            rollouts_args.setdefault("env", {"PATH": fleet.slurm().bin_dir + os.pathsep + ansible_env()["PATH"]})
+        handle = (handle_class or Rollouts)(SimFleet(fleet), str(tmp_path_factory.mktemp(name)), **rollouts_args)
         baseline = os.path.join(handle.dir, "baseline.yml")
         with open(baseline, "w") as out:
             out.write(BASELINE_PLAYBOOK)

@@ -46,16 +46,8 @@ SIMFLEET_DIR = os.path.join(REPO, "tests", "simfleet")
 if SIMFLEET_DIR not in sys.path:
     sys.path.append(SIMFLEET_DIR)
 
-from test_rollout_fleet import BASELINE, ROLLBACK, Rollouts, assert_on, wait_for  # noqa: E402
-from simfleet.testing import (  # noqa: E402
-    FLEET_DRIVER_VARS,
-    SimFleet,
-    ansible_env,
-    baseline_playbook,
-    fleet_unavailable,
-    make_fleet,
-    session_fleet_name,
-)
+from test_rollout_fleet import BASELINE, ROLLBACK, Rollouts, assert_on, rollout_fleet, wait_for  # noqa: E402
+from simfleet.testing import FLEET_DRIVER_VARS, session_fleet_name  # noqa: E402
 
 pytestmark = pytest.mark.fleet
 
@@ -107,26 +99,8 @@ class SlurmRollouts(Rollouts):
 
 @pytest.fixture(scope="module")
 def slurm_rollouts(tmp_path_factory):
-    reason = fleet_unavailable()
-    if reason:
-        pytest.skip(reason)
-    fleet = make_fleet(session_fleet_name("pytest-rollout-slurm"), None, LAYOUT,
-                       os.environ.get("ROLLOUT_SLURM_PORTS"), slurm=True)
-    try:
-        sf = SimFleet(fleet)
-        env = {"PATH": fleet.slurm().bin_dir + os.pathsep + ansible_env()["PATH"]}
-        handle = SlurmRollouts(sf, str(tmp_path_factory.mktemp("rollout-slurm")), inventory=INVENTORY,
-                               reboot_timeout_s=180, env=env)
-        baseline = os.path.join(handle.dir, "baseline.yml")
-        with open(baseline, "w") as out:
-            out.write(baseline_playbook(BASELINE))
-        code, log = handle.run(baseline)
-        assert code == 0, log[-4000:]
-        yield handle
-        handle.reap()
-    finally:
-        if os.environ.get("SIMFLEET_TEST_KEEP") != "1":
-            fleet.down(purge=True)
+    yield from rollout_fleet(tmp_path_factory, session_fleet_name("pytest-rollout-slurm"), os.environ.get("ROLLOUT_SLURM_PORTS"),
+                             LAYOUT, slurm=True, handle_class=SlurmRollouts, inventory=INVENTORY, reboot_timeout_s=180)
 
 
 @pytest.fixture(scope="module")
