@@ -128,7 +128,12 @@ def parse_slurm_show_node(text: str, expect: Optional[str] = None) -> Dict[str, 
             "reason_user": user or None, "reason_time": when or None,
             "gres": fields.get("Gres") if fields.get("Gres") not in (None, "(null)") else None,
             "partitions": [p for p in (fields.get("Partitions") or "").split(",") if p],
-            "gpus_configured": int(configured.group(1)) if configured else None}
+            "gpus_configured": int(configured.group(1)) if configured else None,
+            # scontrol marks a node slurmctld cannot reach with "*" (IDLE*) or NOT_RESPONDING, and one
+            # whose reboot is not complete with REBOOT_ISSUED; SlurmdStartTime changes at each start.
+            "responding": not any(p.endswith("*") or p == "NOT_RESPONDING" for p in parts),
+            "reboot_issued": "REBOOT_ISSUED" in parts,
+            "slurmd_start_time": fields.get("SlurmdStartTime") if fields.get("SlurmdStartTime") not in (None, "None") else None}
     node.update(drain_kind(node))
     return node
 
@@ -182,7 +187,10 @@ def drain_state(backend: str, output: Optional[str], node: Optional[str] = None)
         "reason": str | None, "reason_by": str | None, "state": str | None, "drain_kind",
         "gpu_count" (:func:`drain_kind`), "resume_blocked": bool (a ``gpu_count`` drain: not to be
         resumed before Slurm sees every configured GPU)}``; ``known`` is false for ``command`` and
-        ``none``, which cannot be asked.
+        ``none``, which cannot be asked. Slurm's answer adds ``"responding"`` (slurmctld reaches
+        slurmd: no ``*``, no ``NOT_RESPONDING``), ``"reboot_issued"`` and ``"slurmd_start_time"``
+        (``SlurmdStartTime``, text as Slurm writes it, or None): what tells a restarted slurmd's
+        registration.
     :raises ValueError: for an unknown backend or output Slurm does not write.
     """
     if backend in ("slurm", "slurm_reboot"):
@@ -190,7 +198,9 @@ def drain_state(backend: str, output: Optional[str], node: Optional[str] = None)
         return {"backend": backend, "known": True, "out_of_service": parsed["out_of_service"],
                 "draining": parsed["draining"], "reason": parsed["reason"], "reason_by": parsed["reason_by"],
                 "state": "+".join([parsed["state"] or ""] + parsed["flags"]), "drain_kind": parsed["drain_kind"],
-                "gpu_count": parsed["gpu_count"], "resume_blocked": parsed["drain_kind"] == "gpu_count"}
+                "gpu_count": parsed["gpu_count"], "resume_blocked": parsed["drain_kind"] == "gpu_count",
+                "responding": parsed["responding"], "reboot_issued": parsed["reboot_issued"],
+                "slurmd_start_time": parsed["slurmd_start_time"]}
     if backend == "kubernetes":
         cordoned = str(output or "").strip().lower() == "true"
         return {"backend": backend, "known": True, "out_of_service": cordoned, "draining": False,

@@ -185,3 +185,14 @@ def test_two_bracket_groups_are_counted_before_they_are_built():
     assert time.monotonic() - started < 1.0
     assert slurm_drain_estimates("gpu[0-99999][0-99999]|1:00:00\ngpu01|2:00\n") == {"gpu01": 120.0}
     assert len(expand_hostlist("a[1-300]b[1-300]")) == 90000
+
+
+def test_a_restarted_slurmd_is_told_by_its_start_time_and_responding():
+    # What the roles wait for after a restart of slurmd: slurmctld reaches it, and its start time changed.
+    assert drain_state("slurm", IDLE)["responding"] is True
+    assert drain_state("slurm", IDLE)["slurmd_start_time"] == "2026-12-01T10:00:05"
+    assert drain_state("slurm", IDLE.replace("State=IDLE", "State=IDLE*"))["responding"] is False
+    assert drain_state("slurm", IDLE.replace("State=IDLE", "State=IDLE+DRAIN+NOT_RESPONDING"))["responding"] is False
+    rebooting = drain_state("slurm", IDLE.replace("State=IDLE", "State=DOWN+REBOOT_ISSUED"))
+    assert rebooting["reboot_issued"] is True and rebooting["responding"] is True
+    assert drain_state("slurm", IDLE.replace(" SlurmdStartTime=2026-12-01T10:00:05", ""))["slurmd_start_time"] is None
