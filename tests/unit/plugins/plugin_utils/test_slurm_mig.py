@@ -84,3 +84,13 @@ def test_case_46_the_drain_slurmctld_made_for_the_count_is_its_own():
         assert node["drain_kind"] == "gpu_count" and node["gpu_count"] == {"reported": 3, "configured": 4}
     other = parse_slurm_show_node(SHOW % ("gpu:4", "IDLE+DRAIN") + " Reason=reseat GPU 3 [root@2024-05-23T10:00:00]")
     assert other["drain_kind"] == "operator"
+
+
+def test_a_gres_it_cannot_read_keeps_the_node_drained_and_says_so():
+    check = check_registration(SHOW % ("gpu:a:b:c", "IDLE+DRAIN"), "node01", H100_TEN)
+    assert check["configured"] is None and check["match"] is False and check["ready"] is False
+    assert "Gres=gpu:a:b:c for node node01 cannot be read as a gres/gpu count" in check["message"]
+    # A GPU without MIG (mig mode not read, e.g. an L40S) is one whole GPU.
+    assert slurm_gpu_count([{"index": 0, "mig": {"mode_current": None, "devices": []}}])["count"] == 1
+    with pytest.raises(ValueError):
+        check_registration("no such node", "node01", H100_TEN)
