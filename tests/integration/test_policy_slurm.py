@@ -114,6 +114,9 @@ def test_a_mig_change_on_a_slurm_node_waits_for_its_job_and_resumes_it_only_with
     assert handle.slurm_node("node01")["drain"]
     code, text = handle.run(_playbook(handle, "ten.yml", TEN))
     assert code == 0, text[-3000:]
+    # Right after State=RESUME scontrol shows IDLE+NOT_RESPONDING until slurmctld's next ping of the node
+    # (about a second, tests/simfleet/README.md).
+    wait_for(lambda: handle.slurm_node("node01")["state"] == "IDLE", 30, "node01 IDLE after the resume")
     node = handle.slurm_node("node01")
     assert node["state"] == "IDLE" and not node["drain"], node
     ten = handle.fleet.slurm(["sbatch", "--parsable", "--nodelist=node01", "--chdir=/root", "--gres=gpu:10",
