@@ -44,7 +44,12 @@ ARGUMENT_SPEC = {
     "slurm_names": {"type": "dict", "default": {}},
     "allow_concurrent": {"type": "bool", "default": False},
     "concurrent_stale_s": {"type": "float", "default": 21600.0},
+    "pass_s": {"type": "float", "default": 60.0},
+    "passes": {"type": "int", "default": 60},
 }
+
+#: playbooks/rollout.yml imports rollout_step.yml this many times: the most passes of one run.
+MAX_PASSES = 60
 
 #: The collection's variable prefixes: a name under one of them that no role or playbook knows
 #: is a typo, refused before any host is touched.
@@ -208,6 +213,41 @@ def drain_ends(outputs, slurm_names, now):
     return ends
 
 
+def busy_hosts(outputs, slurm_names):
+    """The inventory hosts whose Slurm node runs a job now, from the controllers' ``squeue``.
+
+    :param outputs: as :func:`drain_ends`. :param slurm_names: ``{inventory host: Slurm node name
+        or None}`` (only these hosts are Slurm's).
+    :returns: a set of inventory hosts, or ``None`` when an output has a line that cannot be read
+        (``scheduler_state.slurm_busy_nodes``) or no Slurm controller answered: unknown.
+    """
+    if not outputs or not slurm_names:
+        return None
+    names = set()
+    for text in outputs:
+        found = scheduler_state.slurm_busy_nodes(text)
+        if found is None:
+            return None
+        names.update(found)
+    return set(str(host) for host, name in slurm_names.items()
+               if (str(name) if name not in (None, "") else str(host).split(".", maxsplit=1)[0]) in names)
+
+
+def pace(directory, run_id, pass_s, now, sleep=time.sleep):
+    """Wait until ``pass_s`` seconds after this run's last pass began (I/O: reads the journal, sleeps).
+
+    :returns: how many seconds it waited, and the number of the pass that begins now (1 for the
+        run's first).
+    """
+    found = rollout_journal.passes(rollout_journal.read_journal(directory)["events"], run_id)
+    if not found:
+        return 0.0, 1
+    wait = max(0.0, min(pass_s, found[-1]["time"] + pass_s - now))
+    if wait > 0:
+        sleep(wait)
+    return wait, int(found[-1]["pass"] or len(found)) + 1
+
+
 def write_estimates(directory, ends):
     """Keep the drain ends of this step beside the journal (I/O: ``state_file.write_atomic`` in the
     report directory, made 0700 when missing)."""
@@ -337,13 +377,29 @@ class ActionModule(ControllerAction):
             ends = drain_ends(args["squeue"], args["slurm_names"], now)
             if not self._task.check_mode and (ends or os.path.exists(os.path.join(directory, ESTIMATES))):
                 write_estimates(directory, ends)
+            passes = options["executor"] == "passes"
+            if passes and not self._task.check_mode:
+                result["waited_s"], number = pace(directory, args["run_id"], args["pass_s"], now)
             found = journal_read(directory)
             journal_lost(result, found)
-            nodes = with_estimates(rollout_journal.fleet_state(plan, found["nodes"]), ends, now)
-            decision, hosts = choose_hosts(nodes, options, limit)
+            nodes = with_estimates(rollout_journal.fleet_state(plan, found["nodes"]), ends, time.time())
+            if passes:
+                decision, hosts = rollout_budget.pass_hosts(nodes, options, limit,
+                                                            busy_hosts(args["squeue"], args["slurm_names"]))
+            else:
+                decision, hosts = choose_hosts(nodes, options, limit)
             result["drain_estimates"] = len(ends)
             # Every node's state in one place (plugin_utils.node_states), as the journal tells it.
             result["node_states"] = node_states.count_states(found["nodes"], [n["name"] for n in nodes])
+            result["in_flight"] = decision["in_flight"]
+            # Chosen nodes whose reboot their scheduler runs: the step asks each whether it answers
+            # before it takes it up (one mid-reboot waits for a later step, not in a worker).
+            result["pending"] = [n["name"] for n in nodes if n.get("pending") and n["name"] in set(hosts)]
+            if passes and not self._task.check_mode:
+                result["pass"] = number
+                rollout_journal.append(directory, {"event": "pass", "run_id": args["run_id"], "pass": number,
+                                                   "time": time.time(), "hosts": hosts,
+                                                   "states": result["node_states"]})
             # A stopped rollout's step takes its nodes in flight (to release or finish them); when
             # they fill the step, the next step takes the rest.
             result["limit"] = limit
@@ -404,6 +460,11 @@ class ActionModule(ControllerAction):
                 if not stages.get(stage) and stage not in args["allow_missing_stages"]:
                     problems.append("the %s stage has no host: add hosts to the %s group, or set "
                                     "rollout_allow_no_%s=true to roll out without it" % (stage, stage, stage))
+        if not 0 < args["pass_s"] <= 86400:
+            problems.append("rollout_pass_s must be more than 0 and at most 86400 seconds, got %s" % args["pass_s"])
+        if not 1 <= args["passes"] <= MAX_PASSES:
+            problems.append("rollout_passes must be from 1 to %d (the passes rollout.yml holds), got %d"
+                            % (MAX_PASSES, args["passes"]))
         nodes = plan_nodes(stages, task_vars.get("groups", {}), args["class_prefix"], args["domain_prefix"])
         if not args["allow_concurrent"]:
             for other in rollout_journal.concurrent_rollouts(
@@ -444,7 +505,7 @@ class ActionModule(ControllerAction):
         def step(journal):
             mine = journal.get(node) or {}
             if mine.get("status") == "in_flight":
-                if mine.get("pending"):
+                if mine.get("pending") or mine.get("waiting"):
                     rollout_journal.append_in_lock(directory, {
                         "event": "resumed", "node": node, "run_id": args["run_id"], "time": time.time()})
                 return {"admitted": True, "resumed": True, "why": "resumes its transaction"}
@@ -465,6 +526,10 @@ class ActionModule(ControllerAction):
                         "stop": decision["stop"]}
             if not decision["in_flight"] and not decision["start"]:
                 return {"admitted": False, "why": "no slot can free up in this step"}
+            if options["executor"] == "passes":
+                # A pass takes only nodes that may start: one that lost its slot meanwhile waits
+                # for a later pass, holding no worker.
+                return {"admitted": False, "why": "no slot is free now; a later pass starts it"}
             return None
 
         result.update(wait_on_journal(directory, args["poll_s"], step))
@@ -474,14 +539,16 @@ class ActionModule(ControllerAction):
         """Wait until the drained node's install is admitted (``rollout_budget.install_admissions``).
 
         :returns: ``admitted`` true (journal ``installing``), or false with ``released`` true and
-            ``why`` when the rollout stopped before it: the node goes back to service untouched.
+            ``why`` when the rollout stopped before it: the node goes back to service untouched;
+            with ``rollout_executor: passes``, false with ``waiting`` true (journal ``waiting``)
+            when its install may not begin now: the pass leaves it, drained, for a later one.
             A node whose journal says nothing of its drain (an older run), and any node with
             ``drain_ahead`` off, is admitted at once.
         """
         node = args["node"]
         if not node:
             raise AnsibleActionFail("rollout_step: state=install needs node")
-        result.update({"admitted": True, "released": False})
+        result.update({"admitted": True, "released": False, "waiting": False})
         if self._task.check_mode or not options["drain_ahead"]:
             return result
         plan = _load_plan(directory)
@@ -508,6 +575,12 @@ class ActionModule(ControllerAction):
             if decision["action"] == "stop":
                 return {"admitted": False, "released": True, "stop": decision["stop"],
                         "why": "the rollout stopped before its install: %s" % (decision["stop"] or {}).get("reason")}
+            if options["executor"] == "passes":
+                # Waiting is a state: the node stays drained, in flight, holding its slot and its
+                # lock; a later pass takes it up once its install is admitted (rollout_budget.pass_hosts).
+                rollout_journal.append_in_lock(directory, {"event": "waiting", "node": node,
+                                                           "run_id": args["run_id"], "time": time.time()})
+                return {"admitted": False, "waiting": True, "why": "its stage or its class's window is not open yet"}
             return None
 
         result.update(wait_on_journal(directory, args["poll_s"], step))

@@ -15,12 +15,16 @@ description:
   - Runs on the controller (an action plugin; nothing runs on a node). Used by C(playbooks/rollout.yml) and
     C(playbooks/rollout_step.yml); every decision is C(plugin_utils.rollout_budget.decide) over the rollout
     journal in O(report_dir).
-  - V(plan) refuses bad input before any host is touched (an empty fleet, a missing golden or canary
+  - V(plan) refuses bad input before any host is touched (an empty fleet, O(pass_s) or O(passes) out of range, a missing golden or canary
     stage unless in O(allow_missing_stages), a budget that is zero, negative, over 100 % or not a count or
     percentage, and with O(check_variables) a variable under the collection's prefixes that nothing reads,
     naming the closest known one), then writes C(plan.json) with each node's stage, GPU class and failure
     domain.
-  - V(choose) returns the next step's hosts, nodes in flight first, at most O(step_hosts).
+  - V(choose) returns the next step's hosts, nodes in flight first, at most O(step_hosts). With the C(executor)
+    option V(passes) a step is a pass; it begins O(pass_s) seconds after this run's last pass began, takes only
+    the nodes whose next action is ready (not a node waiting for its install admission, nor one whose reboot
+    Slurm runs while O(squeue) shows a job on it) and the nodes that may start now, and journals itself
+    (a C(pass) event with its hosts and every node counted per state).
   - V(admit) waits until O(node) may start within its class's budget and stage (re-deciding each time the
     journal changes), then journals it as started; it returns V(false) for C(admitted) when the rollout
     stopped or is done, or when no slot can free up in this step. With the C(drain_ahead) option (the
@@ -28,7 +32,8 @@ description:
   - V(install) is the second admission, after the node's drain (with C(drain_ahead)). It journals the node
     drained and waits until its stage is open and its class's window has room, then journals it as
     installing. When the rollout stops first it returns C(admitted) V(false) and C(released) V(true), and the
-    node goes back to service untouched.
+    node goes back to service untouched. With C(executor) V(passes) neither V(admit) nor V(install) waits; a node
+    whose install may not begin now is journaled C(waiting) (C(waiting) V(true)) and a later pass takes it up.
   - V(released) journals O(node) as back in service untouched (not started in this rollout).
   - V(plan) also refuses to start while another rollout with a report directory beside O(report_dir) runs on any of
     the same nodes (its run on this controller is alive, or another controller wrote it within
@@ -59,7 +64,8 @@ options:
     description:
       - Budget options, C({max_unavailable, max_unavailable_domain, failure_budget, signature_limit,
         background_failure_rate, signature_alpha, window_initial, window_growth, canary_quorum, drain_ahead,
-        contract_changes, contract_accept}); values may be text.
+        contract_changes, contract_accept, executor}); values may be text. C(executor) is V(steps) (the default)
+        or V(passes).
     type: dict
     default: {}
   class_prefix:
@@ -92,8 +98,18 @@ options:
     elements: str
     default: []
   run_id:
-    description: For O(state=admit), this run's id, written into the journal.
+    description: For O(state=admit), O(state=install) and O(state=choose), this run's id, written into the journal.
     type: str
+  pass_s:
+    description: For O(state=choose) with C(executor) V(passes), the least seconds between the starts of two passes
+      of a run.
+    type: float
+    default: 60
+  passes:
+    description: For O(state=plan), the most passes a run makes (C(rollout_passes)); from 1 to 60, the steps
+      C(playbooks/rollout.yml) imports.
+    type: int
+    default: 60
   poll_s:
     description: For O(state=admit), seconds between two looks at the journal.
     type: float
@@ -171,8 +187,9 @@ unfinished:
   type: list
   elements: str
 pending:
-  description: Of O(candidates), the nodes in flight that wait for the reboot their scheduler runs (recorded).
-  returned: when O(state=unfinished)
+  description: Of O(candidates) (O(state=unfinished)), or of the step's hosts (O(state=choose)), the nodes in flight
+    that wait for the reboot their scheduler runs (recorded).
+  returned: when O(state) is V(unfinished) or V(choose)
   type: list
   elements: str
 classes:
@@ -196,6 +213,22 @@ drain_estimates:
   description: Nodes whose drain estimate this step read from O(squeue).
   returned: when O(state=choose)
   type: int
+in_flight:
+  description: Nodes in flight when the step was chosen.
+  returned: when O(state=choose)
+  type: int
+node_states:
+  description: Every node of the rollout counted per state (C(plugin_utils.node_states)), as the journal tells it.
+  returned: when O(state=choose)
+  type: dict
+pass:
+  description: The number of this pass in this run (C(executor) V(passes)).
+  returned: when O(state=choose) with C(executor) V(passes), not in check mode
+  type: int
+waited_s:
+  description: Seconds the pass waited for O(pass_s) to pass since this run's last pass began.
+  returned: when O(state=choose) with C(executor) V(passes), not in check mode
+  type: float
 stop:
   description: C({code, reason, nodes}) when the rollout stopped.
   returned: when O(state) is V(choose) or V(admit)
@@ -206,6 +239,11 @@ admitted:
   type: bool
 released:
   description: The rollout stopped before the node's install; the node is to go back to service untouched.
+  returned: when O(state=install)
+  type: bool
+waiting:
+  description: With C(executor) V(passes), the node's install may not begin now; it stays drained, in flight, for a
+    later pass.
   returned: when O(state=install)
   type: bool
 why:

@@ -96,7 +96,13 @@ DEFAULTS = {
     "drain_ahead": True,
     "contract_changes": "stop",
     "contract_accept": [],
+    "executor": "steps",
 }
+
+#: How the playbook runs the decisions (``rollout_executor``): ``steps``, each host of a step
+#: holding a worker for its whole transaction; ``passes``, each node acting only when its next
+#: action is ready (:func:`pass_hosts`; docs/rollout.md "Passes").
+EXECUTORS = ("steps", "passes")
 
 _PCT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
 _COUNT = re.compile(r"^\s*(\d+)\s*$")
@@ -203,6 +209,13 @@ def _boolean(value: Any, name: str) -> bool:
     raise ValueError("%s must be true or false, got %r" % (name, value))
 
 
+def _choice(value: Any, choices: Sequence[str], name: str) -> str:
+    text = str(value).strip().lower()
+    if text not in choices:
+        raise ValueError("%s must be one of %s, got %r" % (name, ", ".join(choices), value))
+    return text
+
+
 def phase(node: Mapping[str, Any]) -> Optional[str]:
     """Where an in-flight node is in its transaction: ``draining`` (its drain requested, jobs still
     running), ``drained`` (drained, waiting for its install admission) or ``installing`` (its install
@@ -224,7 +237,8 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
         "signature_limit", "background_failure_rate", "signature_alpha", "window_initial",
         "window_growth", "canary_quorum", "drain_ahead" (bool; text true/false, yes/no, 1/0),
         "contract_changes" (stop | warn), "contract_accept"
-        (patterns, contract_decision.parse_accept)}``; values may be text (extra vars).
+        (patterns, contract_decision.parse_accept), "executor" (:data:`EXECUTORS`)}``; values
+        may be text (extra vars).
     :returns: the same keys with amounts as :func:`parse_amount` tuples and numbers as numbers.
     :raises ValueError: naming the first bad value, or an option that does not exist.
     """
@@ -247,6 +261,7 @@ def normalize_options(options: Optional[Mapping[str, Any]] = None) -> Dict[str, 
         "drain_ahead": _boolean(raw["drain_ahead"], "rollout_drain_ahead"),
         "contract_changes": contract_decision.parse_mode(raw["contract_changes"]),
         "contract_accept": contract_decision.parse_accept(raw["contract_accept"]),
+        "executor": _choice(raw["executor"], EXECUTORS, "rollout_executor"),
     }
     return out
 
@@ -762,3 +777,41 @@ def step_hosts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
             if queues[klass] and len(hosts) < limit:
                 hosts.append(queues[klass].pop(0))
     return decision, hosts[:limit]
+
+
+def pass_hosts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any], limit: int,
+               busy: Optional[Iterable[str]] = None) -> Tuple[Dict[str, Any], List[str]]:
+    """The hosts of the next pass (``rollout_executor: passes``): only nodes whose next action is
+    ready now, so that every worker of the pass acts and none waits (``plugin_utils.node_states``).
+
+    In flight, a node is left out while it waits: for its install admission (``waiting``, drained
+    ahead, not in :func:`decide`'s ``install`` and not to be released at a stop), or for the reboot
+    its scheduler runs (``pending``) while ``busy`` says its jobs still run. Every other node in
+    flight is taken (its reboot may be over; a cut-off or killed node is resumed), then the nodes
+    :func:`decide` starts now. No node is taken to wait for a slot: a slot freed during the pass is
+    filled by the next one.
+
+    :param nodes: ``rollout_journal.fleet_state`` (:func:`decide`'s shape; ``waiting``?, ``pending``?).
+    :param options: :func:`normalize_options`. :param limit: at most this many hosts (the forks).
+    :param busy: inventory names of the nodes with a running job (``squeue``); ``None`` when
+        unknown (every pending node is taken: reading it is safe, only a worker's time).
+    :returns: ``(decision, [names])``: in flight first, in node order, then the starts.
+    :raises: what :func:`decide` raises.
+    """
+    decision = decide(nodes, options)
+    busy_set = set(busy) if busy is not None else None
+    installs = set(decision["install"])
+    release = set(decision.get("release") or [])
+    hosts = []
+    for node in nodes:
+        if node.get("status") != "in_flight":
+            continue
+        if node.get("waiting") and node["name"] not in installs and node["name"] not in release:
+            continue
+        if node.get("pending") and busy_set is not None and node["name"] in busy_set:
+            continue
+        hosts.append(node["name"])
+    if decision["action"] not in ("stop", "done"):
+        chosen = set(hosts)
+        hosts.extend(name for name in decision["start"] if name not in chosen)
+    return decision, hosts[:max(0, int(limit))]

@@ -127,9 +127,10 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
         ``text``, ``node`` when the damaged line names one).
     :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
         "finished_at", "result", "changed", "signature", "implicates_driver", "target",
-        "run_id", "draining"?, "drained"?, "pending"?, "held"? (its soak runs), "contract_changes"?, "journal_lost"?:
+        "run_id", "draining"?, "drained"?, "pending"?, "waiting"?, "held"? (its soak runs), "contract_changes"?, "journal_lost"?:
         [text], "ambiguous"?: text}}``; nodes the journal never named are absent (not started);
-        ``pending`` is true for a node in flight that waits for its scheduler's reboot. A node a
+        ``pending`` is true for a node in flight that waits for its scheduler's reboot,
+        ``waiting`` for one a pass left drained ahead, waiting for its install admission. A node a
         lost line names after its last readable event is ``in_flight`` with ``ambiguous`` (that
         line's ``unreadable: ...``); ``journal_lost`` lists every lost line that names it.
     """
@@ -160,12 +161,17 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
         elif kind in ("draining", "drained", "installing") and node.get("status") == "in_flight":
             node["draining"] = kind == "draining"
             node["drained"] = kind == "drained"
+            if kind == "installing":
+                node.pop("waiting", None)
         elif kind == "pending":
             node.update({"status": "in_flight", "pending": True})
             node.pop("draining", None)
             node.pop("drained", None)
+        elif kind == "waiting" and node.get("status") == "in_flight":
+            node["waiting"] = True
         elif kind == "resumed":
             node.pop("pending", None)
+            node.pop("waiting", None)
         elif kind == "finished" and event.get("status") in ("done", "failed", "refused"):
             for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id",
                         "out_of_service"):
@@ -176,6 +182,7 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
             node.pop("draining", None)
             node.pop("drained", None)
             node.pop("pending", None)
+            node.pop("waiting", None)
             node.pop("held", None)
             node["finished_at"] = event.get("time")
     for entry in lost:
@@ -194,14 +201,15 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
 def read_journal(directory: str) -> Dict[str, Any]:
     """Read ``<directory>/journal.jsonl`` whole, damaged or not (I/O).
 
-    :returns: ``{"nodes": :func:`fold`, "lines": [text lines, a line that is not UTF-8 with its
+    :returns: ``{"nodes": :func:`fold`, "events": ``[(line number, event)]`` (the readable
+        ones, ``state_file.read_lines``), "lines": [text lines, a line that is not UTF-8 with its
         bad bytes replaced], "lost": [{"line", "why", "text", "node"?}], "cut_tail": bool,
         "unreadable": "unreadable: <path>: <why>" | None}``: ``unreadable`` when the file itself
         cannot be read (a link, a directory, larger than ``state_file.MAX_JOURNAL_BYTES``): then
         nothing of it is used. An absent journal is empty. Never raises.
     """
     path = os.path.join(directory, JOURNAL)
-    empty = {"nodes": {}, "lines": [], "lost": [], "cut_tail": False, "unreadable": None}
+    empty = {"nodes": {}, "events": [], "lines": [], "lost": [], "cut_tail": False, "unreadable": None}
     try:
         raw = state_file.read_bytes(path, state_file.MAX_JOURNAL_BYTES)
     except state_file.Unreadable as exc:
@@ -213,7 +221,7 @@ def read_journal(directory: str) -> Dict[str, Any]:
             path, "larger than %d bytes" % state_file.MAX_JOURNAL_BYTES).text())
     scanned = state_file.read_lines(raw, JOURNAL)
     lines, _cut = state_file.split_lines(raw)
-    return {"nodes": fold(scanned["events"], scanned["lost"]),
+    return {"nodes": fold(scanned["events"], scanned["lost"]), "events": scanned["events"],
             "lines": [line.decode("utf-8", "replace") for line in lines],
             "lost": scanned["lost"], "cut_tail": scanned["cut_tail"], "unreadable": None}
 
@@ -251,7 +259,8 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
     :param plan: ``plan.json`` (``nodes``: ``[{"name", "stage", "class", "domain"}]``).
     :param journal: :func:`read`.
     :returns: ``[{"name", "stage", "class", "domain", "status", "signature"?,
-        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?, "drained"?, "contract_changes"?,
+        "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?, "drained"?, "pending"?,
+        "waiting"?, "contract_changes"?,
         "journal_lost"?, "ambiguous"?}]``.
     """
     nodes = []
@@ -260,7 +269,7 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
         row = dict(node)
         row["status"] = state.get("status") or "pending"
         for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service",
-                    "draining", "drained", "journal_lost", "ambiguous"):
+                    "draining", "drained", "pending", "waiting", "journal_lost", "ambiguous"):
             if state.get(key) is not None:
                 row[key] = state[key]
         if "contract_changes" in state:
@@ -280,13 +289,13 @@ def status_of(result: str) -> str:
 
 def unfinished(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
     """The nodes among ``nodes`` that the journal still has in flight (started or held, not finished),
-    except those pending (:func:`pending`).
+    except those pending (:func:`pending`) or waiting for their install admission (``waiting``).
 
     At the end of a step every host of the step has ended its play, so a node of the step still
     in flight lost its connection or failed outside its transaction's rescue: it has no record.
     """
     return [n for n in nodes if (journal.get(n) or {}).get("status") == "in_flight"
-            and not (journal.get(n) or {}).get("pending")]
+            and not (journal.get(n) or {}).get("pending") and not (journal.get(n) or {}).get("waiting")]
 
 
 def pending(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
@@ -294,6 +303,35 @@ def pending(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
     event, not followed by ``resumed`` or ``finished``): recorded, holding their slot."""
     return [n for n in nodes if (journal.get(n) or {}).get("status") == "in_flight"
             and (journal.get(n) or {}).get("pending")]
+
+
+def waiting(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
+    """The nodes among ``nodes`` in flight that a pass left waiting for their install admission
+    (a ``waiting`` event, not followed by ``resumed``, ``installing`` or ``finished``)."""
+    return [n for n in nodes if (journal.get(n) or {}).get("status") == "in_flight"
+            and (journal.get(n) or {}).get("waiting")]
+
+
+def passes(events: Sequence[Tuple[int, Mapping[str, Any]]], run_id: Optional[str] = None) -> List[Dict[str, Any]]:
+    """The passes the journal recorded (``pass`` events), of ``run_id`` only when given.
+
+    :param events: :func:`read_journal`'s ``events``.
+    :returns: ``[{"pass": int, "run_id", "time": epoch s, "hosts": [names], "states": {state: count}}]``
+        in journal order; an event whose fields are not of these types is left out.
+    """
+    out = []
+    for _number, event in events:
+        if not isinstance(event, Mapping) or event.get("event") != "pass":
+            continue
+        if run_id is not None and event.get("run_id") != run_id:
+            continue
+        hosts, states, stamp = event.get("hosts"), event.get("states"), event.get("time")
+        if not isinstance(hosts, list) or not isinstance(states, Mapping) or isinstance(stamp, bool) \
+                or not isinstance(stamp, (int, float)):
+            continue
+        out.append({"pass": event.get("pass"), "run_id": event.get("run_id"), "time": float(stamp),
+                    "hosts": [str(h) for h in hosts], "states": dict(states)})
+    return out
 
 
 def concurrent_rollouts(parent: str, rollout_id: str, nodes: Any, now: float, stale_s: float,

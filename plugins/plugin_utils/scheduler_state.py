@@ -24,7 +24,7 @@ leading fields left out when zero, or ``NOT_SET`` / ``UNLIMITED``).
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 _FIELD = re.compile(r"(?:^|\s)([A-Za-z][A-Za-z0-9_:/.-]*)=(\S*)")
 
@@ -324,6 +324,27 @@ def slurm_time_s(text: str) -> Optional[float]:
     else:
         hours, minutes, seconds = 0, fields[0], 0
     return float(((days * 24 + hours) * 60 + minutes) * 60 + seconds)
+
+
+def slurm_busy_nodes(text: str) -> Optional[Set[str]]:
+    """The Slurm nodes with a running (or completing) job: the nodes whose drain is not over.
+
+    :param text: ``squeue --noheader --states=RUNNING,COMPLETING --format=%N|%L`` output.
+    :returns: the node names; ``None`` when a line cannot be read (which nodes it names is
+        unknown: the caller must take every node as possibly idle, never as busy).
+    """
+    out = set()  # type: Set[str]
+    for line in str(text or "").splitlines():
+        if not line.strip():
+            continue
+        nodes, sep, _left = line.strip().rpartition("|")
+        if not sep or not nodes:
+            return None
+        try:
+            out.update(expand_hostlist(nodes))
+        except ValueError:
+            return None
+    return out
 
 
 def slurm_drain_estimates(text: str) -> Dict[str, float]:

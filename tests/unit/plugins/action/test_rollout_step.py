@@ -141,3 +141,87 @@ def test_the_nodes_values_are_checked_against_node_upgrades_argument_spec_at_the
         in problems
     assert any(p.startswith("node01: argument 'node_upgrade_lock_stale_s' is of type str") for p in problems)
     assert any(p.startswith("node03: ") and "node_upgrade_ignore_xids" in p for p in problems)
+
+
+def choose(name, pass_s=0.2, squeue="g1|10:00"):
+    return ("    - name: Choose the hosts of a pass\n"
+            "      gpufleet.nvidia.rollout_step:\n"
+            "        state: choose\n"
+            "        report_dir: rep\n"
+            "        options: {max_unavailable: '3', drain_ahead: 'true', executor: passes}\n"
+            "        run_id: r1\n"
+            "        pass_s: %s\n"
+            "        squeue: ['%s']\n"
+            "        slurm_names: {g1: null, c1: null, w1: null}\n"
+            "      register: %s\n") % (pass_s, squeue, name)
+
+
+def test_passes_leave_a_node_waiting_for_its_install_out_of_the_pass_that_cannot_install_it(tmp_path):
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "plan.json").write_text(json.dumps({"rollout_id": "t", "nodes": NODES}))
+    show = "    - name: Show\n      ansible.builtin.debug:\n        msg: \"RESULT {{ out | to_json }}\"\n"
+    # First pass: nothing in flight; the budget (3) starts all three (drain ahead).
+    first = run_playbook(tmp_path, choose("first") + "    - name: Keep\n      ansible.builtin.set_fact:\n"
+                         "        out: \"{{ first }}\"\n" + show)
+    assert first["hosts"] == ["g1", "c1", "w1"] and first["pass"] == 1 and first["waited_s"] == 0.0
+    assert first["in_flight"] == 0 and first["pending"] == []
+    for node in ("g1", "c1", "w1"):
+        rollout_journal.append(str(rep), {"event": "started", "node": node, "run_id": "r1", "time": 1.0,
+                                          "draining": True})
+    # The canary node's install may not begin before the golden node's: it is journaled waiting
+    # at once (no wait in its worker).
+    result = run_playbook(tmp_path, admission("canary", "c1").replace("r1\n", "r1\n        options: {max_unavailable: '3', "
+                                                                      "drain_ahead: 'true', executor: passes}\n", 1)
+                          .replace("        options: {max_unavailable: '3', drain_ahead: 'true'}\n", "", 1)
+                          + "    - name: Keep\n      ansible.builtin.set_fact:\n        out: \"{{ canary }}\"\n" + show)
+    assert result["admitted"] is False and result["waiting"] is True and result["released"] is False
+    state = rollout_journal.read(str(rep))
+    assert state["c1"]["waiting"] is True and state["c1"]["drained"] is True
+    assert rollout_journal.unfinished(state, ["c1"]) == [] and rollout_journal.waiting(state, ["c1"]) == ["c1"]
+    # The golden node installed and waits for the reboot Slurm runs once its job ends; the wave
+    # node waits for its install too. While squeue shows the golden node's job, a pass takes no
+    # host: every node waits, in no worker.
+    for event in ("installing", "pending"):
+        rollout_journal.append(str(rep), {"event": event, "node": "g1", "run_id": "r1", "time": 2.0})
+    for event in ("drained", "waiting"):
+        rollout_journal.append(str(rep), {"event": event, "node": "w1", "run_id": "r1", "time": 2.0})
+    second = run_playbook(tmp_path, choose("second", 1.0) + "    - name: Keep\n      ansible.builtin.set_fact:\n"
+                          "        out: \"{{ second }}\"\n" + show)
+    assert second["hosts"] == [] and second["pass"] == 2 and second["in_flight"] == 3
+    assert second["node_states"] == {"drained": 2, "reboot_requested": 1}
+    # Its job over, the golden node is taken up (asked first whether it answers: pending).
+    third = run_playbook(tmp_path, choose("third", 0.1, "") + "    - name: Keep\n      ansible.builtin.set_fact:\n"
+                         "        out: \"{{ third }}\"\n" + show)
+    assert third["hosts"] == ["g1"] and third["pending"] == ["g1"] and third["pass"] == 3
+    found = rollout_journal.read_journal(str(rep))
+    passes = rollout_journal.passes(found["events"], "r1")
+    assert [p["hosts"] for p in passes] == [["g1", "c1", "w1"], [], ["g1"]]
+    assert passes[1]["time"] - passes[0]["time"] >= 1.0
+    assert rollout_journal.passes(found["events"], "other") == []
+
+
+def test_busy_hosts_read_from_squeue_and_unknown_when_a_line_cannot_be_read():
+    names = {"w1": None, "w2": "gpu-w2", "w3": None}
+    # gpu-w[2-3] is gpu-w2 (host w2) and gpu-w3 (no host: w3's Slurm name is w3).
+    assert rollout_step.busy_hosts(["w1|10:00\ngpu-w[2-3]|UNLIMITED\n"], names) == {"w1", "w2"}
+    assert rollout_step.busy_hosts(["gpu-w2|1:00", "w3|NOT_SET"], names) == {"w2", "w3"}
+    assert rollout_step.busy_hosts(["", ""], names) == set()
+    # A line squeue's format does not give: which nodes it names is unknown.
+    assert rollout_step.busy_hosts(["w1 10:00\n"], names) is None
+    assert rollout_step.busy_hosts(["w[1-|10:00\n"], names) is None
+    assert rollout_step.busy_hosts([], names) is None
+
+
+def test_a_pass_waits_for_pass_s_after_the_runs_last_pass(tmp_path):
+    slept = []
+    assert rollout_step.pace(str(tmp_path), "r1", 60.0, 1000.0, slept.append) == (0.0, 1)
+    rollout_journal.append(str(tmp_path), {"event": "pass", "run_id": "r1", "pass": 1, "time": 990.0,
+                                           "hosts": [], "states": {}})
+    rollout_journal.append(str(tmp_path), {"event": "pass", "run_id": "r0", "pass": 7, "time": 999.0,
+                                           "hosts": [], "states": {}})
+    assert rollout_step.pace(str(tmp_path), "r1", 60.0, 1000.0, slept.append) == (50.0, 2)
+    assert slept == [50.0]
+    assert rollout_step.pace(str(tmp_path), "r1", 60.0, 1100.0, slept.append) == (0.0, 2)
+    # A pass stamped in the future (a clock set back) never waits longer than pass_s.
+    assert rollout_step.pace(str(tmp_path), "r1", 5.0, 0.0, slept.append) == (5.0, 2)

@@ -525,3 +525,37 @@ def test_a_pool_of_draining_canaries_keeps_the_waves_closed():
     named["gpu_v100-02"].update(status="in_flight", drained=True)
     decision = rb.decide(more, rb.normalize_options({"canary_quorum": "100%"}))
     assert decision["stages"] == {"gpu_v100": "waves"} and decision["install"] == ["gpu_v100-02"]
+
+
+def test_pass_hosts_take_only_nodes_whose_next_action_is_ready():
+    options = rb.normalize_options({"max_unavailable": "4", "executor": "passes", "window_initial": "2",
+                                    "window_growth": "0"})
+    nodes = [{"name": "g1", "class": "gpu_a", "stage": "golden", "status": "done", "changed": True},
+             {"name": "c1", "class": "gpu_a", "stage": "canary", "status": "done", "changed": True},
+             {"name": "w1", "class": "gpu_a", "stage": "waves", "status": "in_flight", "pending": True},
+             {"name": "w2", "class": "gpu_a", "stage": "waves", "status": "in_flight", "pending": True},
+             {"name": "w3", "class": "gpu_a", "stage": "waves", "status": "in_flight", "drained": True,
+              "waiting": True},
+             {"name": "w4", "class": "gpu_a", "stage": "waves", "status": "pending"},
+             {"name": "w5", "class": "gpu_a", "stage": "waves", "status": "pending"}]
+    decision, hosts = rb.pass_hosts(nodes, options, 10, busy={"w1"})
+    # w1's job runs (its reboot is not over): left out; w2 is taken (its reboot may be over). The
+    # window (2 installs, w1 and w2) holds w3's install: it waits, and costs no worker. One slot is
+    # free: w4 starts; w5 waits for a later pass, not in a worker of this one.
+    assert decision["install"] == [] and decision["start"] == ["w4"]
+    assert hosts == ["w2", "w4"]
+    # squeue unknown: every pending node is taken.
+    assert rb.pass_hosts(nodes, options, 10, busy=None)[1] == ["w1", "w2", "w4"]
+    assert rb.pass_hosts(nodes, options, 1, busy=None)[1] == ["w1"]
+    # Its install admitted, the waiting node is taken.
+    done_waves = [dict(n, status="done", changed=True, pending=False) if n["name"] in ("w1", "w2") else n
+                  for n in nodes]
+    decision, hosts = rb.pass_hosts(done_waves, options, 10, busy=set())
+    assert "w3" in decision["install"] and hosts[0] == "w3"
+
+
+def test_the_executor_option_is_steps_or_passes():
+    assert rb.normalize_options({})["executor"] == "steps"
+    assert rb.normalize_options({"executor": " Passes "})["executor"] == "passes"
+    with pytest.raises(ValueError, match="rollout_executor must be one of steps, passes, got 'pass'"):
+        rb.normalize_options({"executor": "pass"})

@@ -203,3 +203,29 @@ def test_drain_and_install_events_and_release():
     again = rollout_journal.fold_lines(lines + [json.dumps({"event": "started", "node": "a", "run_id": "r2",
                                                             "time": 5.0, "draining": True})])
     assert again["a"]["status"] == "in_flight" and rollout_budget.phase(again["a"]) == "draining"
+
+
+def test_a_node_left_waiting_by_a_pass_stays_in_flight_until_its_install_or_a_resume():
+    events = list(enumerate([
+        {"event": "started", "node": "n1", "run_id": "r1", "time": 1.0, "draining": True},
+        {"event": "drained", "node": "n1", "time": 2.0},
+        {"event": "waiting", "node": "n1", "run_id": "r1", "time": 3.0},
+        {"event": "pass", "run_id": "r1", "pass": 4, "time": 4.0, "hosts": [], "states": {"drained": 1}},
+        {"event": "waiting", "node": "n2", "time": 4.5},            # never started: no state from it
+    ], 1))
+    state = rollout_journal.fold(events)
+    assert state["n1"] == {"status": "in_flight", "started_at": 1.0, "run_id": "r1", "draining": False,
+                           "drained": True, "waiting": True}
+    assert "status" not in state["n2"]
+    assert rollout_journal.unfinished(state, ["n1"]) == [] and rollout_journal.waiting(state, ["n1", "n2"]) == ["n1"]
+    assert rollout_journal.passes(events) == [{"pass": 4, "run_id": "r1", "time": 4.0, "hosts": [],
+                                               "states": {"drained": 1}}]
+    resumed = rollout_journal.fold(events + [(6, {"event": "resumed", "node": "n1", "time": 5.0})])
+    assert "waiting" not in resumed["n1"] and rollout_journal.unfinished(resumed, ["n1"]) == ["n1"]
+    installing = rollout_journal.fold(events + [(6, {"event": "installing", "node": "n1", "time": 5.0})])
+    assert "waiting" not in installing["n1"] and installing["n1"]["drained"] is False
+    # A pass event whose fields are not of their types is left out, never guessed.
+    bad = [(1, {"event": "pass", "time": "soon", "hosts": [], "states": {}}),
+           (2, {"event": "pass", "time": 1.0, "hosts": "n1", "states": {}}),
+           (3, {"event": "pass", "time": True, "hosts": [], "states": {}})]
+    assert rollout_journal.passes(bad) == []

@@ -196,3 +196,11 @@ def test_a_restarted_slurmd_is_told_by_its_start_time_and_responding():
     rebooting = drain_state("slurm", IDLE.replace("State=IDLE", "State=DOWN+REBOOT_ISSUED"))
     assert rebooting["reboot_issued"] is True and rebooting["responding"] is True
     assert drain_state("slurm", IDLE.replace(" SlurmdStartTime=2026-12-01T10:00:05", ""))["slurmd_start_time"] is None
+
+
+def test_busy_nodes_from_squeue_name_every_node_of_a_running_job():
+    from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import scheduler_state as ss  # noqa: E402
+
+    assert ss.slurm_busy_nodes("node[01-03]|10:00\nnode07|UNLIMITED\n\n") == {"node01", "node02", "node03", "node07"}
+    assert ss.slurm_busy_nodes("") == set()
+    assert ss.slurm_busy_nodes("node01 10:00") is None
