@@ -328,6 +328,10 @@ EXECUTOR_DEFAULTS = {
     "install_share": 0.4,
     "reboot_share": 0.4,
     "verify_share": 0.2,
+    # playbooks/rollout_step.yml with rollout_executor passes: a golden or canary node soaks in
+    # the pass that verified it (tasks/gate.yml), holding its worker; False models a soak that is
+    # a time stamp.
+    "soak_in_worker": True,
 }
 
 
@@ -420,8 +424,9 @@ class Passes(object):
     A pass (one per decision, at most one a minute) hands out the free workers: first to nodes
     whose reboot is over (their verification), then to installs ``decide`` admits, then to
     starts (a drain request, ``act_s``). The install (``install_share`` of the node's work) and
-    the verification (``verify_share``) hold a worker; the drain, the reboot (``reboot_share``)
-    and the soak hold none. After ``passes_per_job`` passes the job ends and the next begins
+    the verification (``verify_share``; with ``soak_in_worker``, a golden or canary node's soak
+    after it) hold a worker; the drain and the reboot (``reboot_share``) hold none:
+    ``rollout_executor: passes`` with ``node_upgrade_drain: slurm_reboot``. After ``passes_per_job`` passes the job ends and the next begins
     ``job_gap_s`` later; nothing acts in between (drains and reboots go on).
     """
 
@@ -457,7 +462,8 @@ class Passes(object):
         by_name = run.fleet.by_name
         while self.verify_queue and self.busy < self.forks:
             node = by_name[self.verify_queue.pop(0)]
-            self._take(run, self.params["verify_share"] * node["work_s"], "verified", node["name"])
+            soak = policy.node_soak_s(node["stage"]) if self.params["soak_in_worker"] else 0.0
+            self._take(run, self.params["verify_share"] * node["work_s"] + soak, "verified", node["name"])
         free = self.forks - self.busy
         decision = rollout_budget.decide(run.fleet.nodes, policy.options, limit=free)
         installs = decision["install"][:free]
@@ -480,7 +486,8 @@ class Passes(object):
         elif kind == "rebooted" and node["status"] == "in_flight":
             self.verify_queue.append(node["name"])
         elif kind == "verified":
-            run._schedule(run.now + policy.node_soak_s(node["stage"]), "end", node["name"])
+            soak = 0.0 if self.params["soak_in_worker"] else policy.node_soak_s(node["stage"])
+            run._schedule(run.now + soak, "end", node["name"])
 
     def stats(self):
         return {"worker_peak": self.peak, "passes": self.passes, "jobs": self.jobs}

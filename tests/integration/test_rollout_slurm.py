@@ -365,3 +365,87 @@ def test_slurm_reboot_into_a_failing_driver_never_takes_a_job(slurm_rollouts, fi
     assert slurmd_held(rollouts, "node02") == (False, True)
     assert rollouts.flag("node02") is None
     assert_on(rollouts, "node02", BASELINE)
+
+
+def journal_events(rollouts, rollout_id):
+    with open(os.path.join(rollouts.report_dir(rollout_id), "journal.jsonl")) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def test_passes_upgrade_every_node_in_one_run_and_take_no_worker_for_a_node_that_waits(slurm_rollouts, first_rollout):
+    """``rollout_executor: passes`` with ``slurm_reboot`` over the three nodes, one class (budget 3,
+    window 1 then 2), node03 busy: a pass takes only the nodes whose next action is ready."""
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    # Every node on the baseline, in service, without a fault (whichever tests ran before).
+    for node in ("node02", "node03"):
+        rollouts.fleet.fault(node, "clear")
+    if rollouts.slurm_node("node02")["drain"]:
+        rollouts.fleet.slurm(["scontrol", "update", "NodeName=node02", "State=RESUME"], check=True)
+    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=node01:node03", "-e", "rollback_id=slurm-p-base",
+                             "-e", "rollback_version=%s" % BASELINE,
+                             "-e", "rollback_report_dir=%s" % rollouts.report_dir("slurm-p-base"))
+    assert code == 0, log[-4000:]
+    for node in ("node01", "node02", "node03"):
+        wait_for_state(rollouts, node, "IDLE", timeout=60)
+        assert_on(rollouts, node, BASELINE)
+    job = rollouts.sbatch("node03", JOB_SCRIPT % {"go": "/root/go-p", "end": "/root/job-end-p"}, time_limit="30")
+    wait_for(lambda: rollouts.job_state(job) == "RUNNING", 60, "job %s running on node03" % job)
+    proc, out = rollouts.rollout("slurm-p", "node01:node02:node03", "-e", "node_upgrade_drain=slurm_reboot",
+                                 "-e", "rollout_executor=passes", "-e", "rollout_pass_s=5",
+                                 "-e", "rollout_class_prefix=none_", "-e", "rollout_max_unavailable=3",
+                                 start=True)
+
+    def node03_pending():
+        try:
+            events = journal_events(rollouts, "slurm-p")
+        except (OSError, ValueError):
+            return proc.poll() is not None
+        return any(e.get("event") == "pending" and e.get("node") == "node03" for e in events) \
+            or proc.poll() is not None
+
+    wait_for(node03_pending, 900, "node03 staged and its reboot asked of Slurm")
+    assert proc.poll() is None, open(out).read()[-4000:]
+    # Staged while its job runs, draining: the passes go on without it until the job ends.
+    assert rollouts.job_state(job) == "RUNNING"
+    assert rollouts.slurm_node("node03")["drain"]
+    time.sleep(15)
+    release(rollouts, "node03", "/root/go-p")
+    proc.wait(timeout=1200)
+    with open(out) as handle:
+        text = handle.read()
+    assert proc.returncode == 0, text[-4000:]
+    with open(os.path.join(rollouts.fleet.root_of("node03"), "root", "job-end-p")) as handle:
+        job_end = float(handle.read().strip())
+    # One run: every node upgraded, each started once.
+    report = rollouts.report("slurm-p")
+    assert report["status"] == "completed", report["status"]
+    assert rollouts.started("slurm-p") == {"node01": 1, "node02": 1, "node03": 1}
+    for node in ("node01", "node02", "node03"):
+        record = rollouts.record("slurm-p", node)
+        assert record["result"] == "upgraded", record
+        assert record["reason"] == "rebooted by Slurm; verified on %s" % TARGET, record["reason"]
+        assert_on(rollouts, node, TARGET)
+        assert wait_for_state(rollouts, node, "IDLE", timeout=60)["reason"] is None
+        assert slurmd_held(rollouts, node) == (False, True)
+        assert not rollouts.lock_exists(node)
+    assert float(rollouts.record("slurm-p", "node03")["marks"]["rebooted"]) > job_end
+    events = journal_events(rollouts, "slurm-p")
+    passes = [e for e in events if e["event"] == "pass"]
+    # The window held two installs back: each waited in the journal, not in a worker, and was taken
+    # up by a later pass.
+    waited = [e["node"] for e in events if e["event"] == "waiting"]
+    assert len(waited) >= 1, [e for e in events if e.get("node")]
+    # Passes ran while node03's job did, after its reboot was asked, without node03: waiting on
+    # Slurm held no worker.
+    pending_at = next(e["time"] for e in events if e["event"] == "pending" and e["node"] == "node03")
+    meanwhile = [p for p in passes if pending_at < p["time"] < job_end]
+    assert meanwhile and all("node03" not in p["hosts"] for p in meanwhile), (meanwhile, pending_at, job_end)
+    # Each pass began at least rollout_pass_s after the one before.
+    gaps = [b["time"] - a["time"] for a, b in zip(passes, passes[1:])]
+    assert gaps and min(gaps) >= 5.0, gaps
+    # node03 acted in few passes: its start, its install, its verification (and any pass that
+    # found it still rebooting), never in one while its job ran.
+    assert 2 <= sum("node03" in p["hosts"] for p in passes) <= 5, [p["hosts"] for p in passes]
+    # The last pass found every node done and took no host: the run ended there.
+    assert passes[-1]["states"] == {"done": 3} and passes[-1]["hosts"] == [], passes[-1]
