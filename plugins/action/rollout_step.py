@@ -44,8 +44,9 @@ ARGUMENT_SPEC = {
     "slurm_names": {"type": "dict", "default": {}},
     "allow_concurrent": {"type": "bool", "default": False},
     "concurrent_stale_s": {"type": "float", "default": 21600.0},
-    "pass_s": {"type": "float", "default": 60.0},
-    "passes": {"type": "int", "default": 60},
+    # Extra vars arrive as text: read by pass_settings, which names a bad value at the plan.
+    "pass_s": {"type": "raw", "default": 60.0},
+    "passes": {"type": "raw", "default": 60},
 }
 
 #: playbooks/rollout.yml imports rollout_step.yml this many times: the most passes of one run.
@@ -211,6 +212,32 @@ def drain_ends(outputs, slurm_names, now):
         if name in left:
             ends[str(host)] = now + left[name]
     return ends
+
+
+def pass_settings(pass_s, passes):
+    """``rollout_pass_s`` and ``rollout_passes`` as numbers, or what is wrong with them.
+
+    :param pass_s: seconds (text or number), more than 0 and at most 86400.
+    :param passes: a whole number (text or number) from 1 to :data:`MAX_PASSES`.
+    :returns: ``(pass_s float, passes int, [problems])``; on a problem the bad value is ``None``.
+    """
+    problems = []
+    try:
+        seconds = float(pass_s)
+        if isinstance(pass_s, bool) or not 0 < seconds <= 86400:
+            raise ValueError
+    except (TypeError, ValueError):
+        seconds = None
+        problems.append("rollout_pass_s must be more than 0 and at most 86400 seconds, got %r" % (pass_s,))
+    try:
+        count = int(str(passes).strip())
+        if isinstance(passes, bool) or not 1 <= count <= MAX_PASSES:
+            raise ValueError
+    except (TypeError, ValueError):
+        count = None
+        problems.append("rollout_passes must be a whole number from 1 to %d (the passes rollout.yml holds), got %r"
+                        % (MAX_PASSES, passes))
+    return seconds, count, problems
 
 
 def busy_hosts(outputs, slurm_names):
@@ -379,7 +406,10 @@ class ActionModule(ControllerAction):
                 write_estimates(directory, ends)
             passes = options["executor"] == "passes"
             if passes and not self._task.check_mode:
-                result["waited_s"], number = pace(directory, args["run_id"], args["pass_s"], now)
+                pass_s = pass_settings(args["pass_s"], MAX_PASSES)[0]
+                if pass_s is None:
+                    raise AnsibleActionFail("rollout_step: %s" % pass_settings(args["pass_s"], MAX_PASSES)[2][0])
+                result["waited_s"], number = pace(directory, args["run_id"], pass_s, now)
             found = journal_read(directory)
             journal_lost(result, found)
             nodes = with_estimates(rollout_journal.fleet_state(plan, found["nodes"]), ends, time.time())
@@ -460,11 +490,7 @@ class ActionModule(ControllerAction):
                 if not stages.get(stage) and stage not in args["allow_missing_stages"]:
                     problems.append("the %s stage has no host: add hosts to the %s group, or set "
                                     "rollout_allow_no_%s=true to roll out without it" % (stage, stage, stage))
-        if not 0 < args["pass_s"] <= 86400:
-            problems.append("rollout_pass_s must be more than 0 and at most 86400 seconds, got %s" % args["pass_s"])
-        if not 1 <= args["passes"] <= MAX_PASSES:
-            problems.append("rollout_passes must be from 1 to %d (the passes rollout.yml holds), got %d"
-                            % (MAX_PASSES, args["passes"]))
+        problems.extend(pass_settings(args["pass_s"], args["passes"])[2])
         nodes = plan_nodes(stages, task_vars.get("groups", {}), args["class_prefix"], args["domain_prefix"])
         if not args["allow_concurrent"]:
             for other in rollout_journal.concurrent_rollouts(

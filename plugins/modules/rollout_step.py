@@ -102,13 +102,13 @@ options:
     type: str
   pass_s:
     description: For O(state=choose) with C(executor) V(passes), the least seconds between the starts of two passes
-      of a run.
-    type: float
+      of a run (a number; text is read as one).
+    type: raw
     default: 60
   passes:
     description: For O(state=plan), the most passes a run makes (C(rollout_passes)); from 1 to 60, the steps
-      C(playbooks/rollout.yml) imports.
-    type: int
+      C(playbooks/rollout.yml) imports (a whole number; text is read as one).
+    type: raw
     default: 60
   poll_s:
     description: For O(state=admit), seconds between two looks at the journal.

@@ -365,6 +365,11 @@ def test_bad_input_is_refused_before_any_host_is_touched(rollouts):
          "rollout_max_unavailable must be a count (at least 1) or a percentage such as 10%, got '-50%'"),
         (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "rollout_max_unavailable=150%"],
          "rollout_max_unavailable must be at most 100%, got '150%'"),
+        (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "rollout_executor=pass"],
+         "rollout_executor must be one of steps, passes, got 'pass'"),
+        (["-e", "rollout_hosts=node01:node02:node03:node04", "-e", "rollout_passes=61", "-e", "rollout_pass_s=soon"],
+         "rollout_pass_s must be more than 0 and at most 86400 seconds, got 'soon'; rollout_passes must be a whole "
+         "number from 1 to 60 (the passes rollout.yml holds), got '61'"),
     ]
     for extra, words in cases:
         code, log = rollouts.run(ROLLOUT, *(base + extra))

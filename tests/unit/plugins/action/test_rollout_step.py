@@ -225,3 +225,14 @@ def test_a_pass_waits_for_pass_s_after_the_runs_last_pass(tmp_path):
     assert rollout_step.pace(str(tmp_path), "r1", 60.0, 1100.0, slept.append) == (0.0, 2)
     # A pass stamped in the future (a clock set back) never waits longer than pass_s.
     assert rollout_step.pace(str(tmp_path), "r1", 5.0, 0.0, slept.append) == (5.0, 2)
+
+
+def test_pass_settings_read_text_and_name_a_bad_value():
+    assert rollout_step.pass_settings("5", "12") == (5.0, 12, [])
+    assert rollout_step.pass_settings(60, 60) == (60.0, 60, [])
+    seconds, count, problems = rollout_step.pass_settings("0", "61")
+    assert (seconds, count) == (None, None)
+    assert problems == ["rollout_pass_s must be more than 0 and at most 86400 seconds, got '0'",
+                        "rollout_passes must be a whole number from 1 to 60 (the passes rollout.yml holds), got '61'"]
+    assert rollout_step.pass_settings("nan", "1.5")[2][0].endswith("got 'nan'")
+    assert rollout_step.pass_settings(True, True)[:2] == (None, None)
