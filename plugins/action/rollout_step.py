@@ -206,12 +206,17 @@ def drain_ends(outputs, slurm_names, now):
     for text in outputs or []:
         for name, seconds in scheduler_state.slurm_drain_estimates(text).items():
             left[name] = max(left.get(name, 0.0), seconds)
-    ends = {}
-    for host, name in (slurm_names or {}).items():
-        name = str(name) if name not in (None, "") else str(host).split(".", maxsplit=1)[0]
-        if name in left:
-            ends[str(host)] = now + left[name]
-    return ends
+    return dict((host, now + left[name]) for host, name in slurm_nodes(slurm_names).items() if name in left)
+
+
+def slurm_nodes(slurm_names):
+    """The Slurm node name of each inventory host: its ``slurm_node_name``, or its short name.
+
+    :param slurm_names: ``{inventory host: Slurm node name or None}``.
+    :returns: ``{inventory host: Slurm node name}``, both as text.
+    """
+    return dict((str(host), str(name) if name not in (None, "") else str(host).split(".", maxsplit=1)[0])
+                for host, name in (slurm_names or {}).items())
 
 
 def pass_settings(pass_s, passes):
@@ -256,17 +261,18 @@ def busy_hosts(outputs, slurm_names):
         if found is None:
             return None
         names.update(found)
-    return set(str(host) for host, name in slurm_names.items()
-               if (str(name) if name not in (None, "") else str(host).split(".", maxsplit=1)[0]) in names)
+    return set(host for host, name in slurm_nodes(slurm_names).items() if name in names)
 
 
-def pace(directory, run_id, pass_s, now, sleep=time.sleep):
-    """Wait until ``pass_s`` seconds after this run's last pass began (I/O: reads the journal, sleeps).
+def pace(events, run_id, pass_s, now, sleep=time.sleep):
+    """Wait until ``pass_s`` seconds after this run's last pass began (I/O: sleeps).
 
+    :param events: the journal's events (``rollout_journal.read_journal``), oldest first.
+    :param pass_s: seconds between the starts of two passes. :param now: epoch seconds.
     :returns: how many seconds it waited, and the number of the pass that begins now (1 for the
         run's first).
     """
-    found = rollout_journal.passes(rollout_journal.read_journal(directory)["events"], run_id)
+    found = rollout_journal.passes(events, run_id)
     if not found:
         return 0.0, 1
     wait = max(0.0, min(pass_s, found[-1]["time"] + pass_s - now))
@@ -405,12 +411,15 @@ class ActionModule(ControllerAction):
             if not self._task.check_mode and (ends or os.path.exists(os.path.join(directory, ESTIMATES))):
                 write_estimates(directory, ends)
             passes = options["executor"] == "passes"
-            if passes and not self._task.check_mode:
-                pass_s = pass_settings(args["pass_s"], MAX_PASSES)[0]
-                if pass_s is None:
-                    raise AnsibleActionFail("rollout_step: %s" % pass_settings(args["pass_s"], MAX_PASSES)[2][0])
-                result["waited_s"], number = pace(directory, args["run_id"], pass_s, now)
             found = journal_read(directory)
+            if passes and not self._task.check_mode:
+                pass_s, _, problems = pass_settings(args["pass_s"], MAX_PASSES)
+                if problems:
+                    raise AnsibleActionFail("rollout_step: %s" % problems[0])
+                result["waited_s"], number = pace(found["events"], args["run_id"], pass_s, now)
+                if result["waited_s"] > 0:
+                    # Nodes acted while this pass waited: decide on the journal as it is now.
+                    found = journal_read(directory)
             journal_lost(result, found)
             nodes = with_estimates(rollout_journal.fleet_state(plan, found["nodes"]), ends, time.time())
             if passes:
@@ -424,7 +433,8 @@ class ActionModule(ControllerAction):
             result["in_flight"] = decision["in_flight"]
             # Chosen nodes whose reboot their scheduler runs: the step asks each whether it answers
             # before it takes it up (one mid-reboot waits for a later step, not in a worker).
-            result["pending"] = [n["name"] for n in nodes if n.get("pending") and n["name"] in set(hosts)]
+            chosen = set(hosts)
+            result["pending"] = [n["name"] for n in nodes if n.get("pending") and n["name"] in chosen]
             if passes and not self._task.check_mode:
                 result["pass"] = number
                 rollout_journal.append(directory, {"event": "pass", "run_id": args["run_id"], "pass": number,

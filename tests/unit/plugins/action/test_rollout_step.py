@@ -31,16 +31,20 @@ def run_playbook(tmp_path, tasks):
     return json.loads(line)
 
 
-def admission(name, node):
-    return ("    - name: Install admission of %s\n"
-            "      gpufleet.nvidia.rollout_step:\n"
-            "        state: install\n"
-            "        report_dir: rep\n"
-            "        options: {max_unavailable: '3', drain_ahead: 'true'}\n"
-            "        node: %s\n"
-            "        run_id: r1\n"
-            "        poll_s: 0.1\n"
-            "      register: %s\n") % (node, node, name)
+OPTIONS = "{max_unavailable: '3', drain_ahead: 'true'}"
+PASSES = "{max_unavailable: '3', drain_ahead: 'true', executor: passes}"
+
+
+def step_task(title, register, state, options=OPTIONS, **fields):
+    """One rollout_step task of a test playbook, its result registered as ``register``."""
+    return ("    - name: %s\n      gpufleet.nvidia.rollout_step:\n        state: %s\n        report_dir: rep\n"
+            "        options: %s\n" % (title, state, options)
+            + "".join("        %s: %s\n" % item for item in fields.items())
+            + "      register: %s\n" % register)
+
+
+def admission(name, node, options=OPTIONS):
+    return step_task("Install admission of %s" % node, name, "install", options, node=node, run_id="r1", poll_s=0.1)
 
 
 def test_install_admission_and_release_at_a_stop(tmp_path):
@@ -144,16 +148,8 @@ def test_the_nodes_values_are_checked_against_node_upgrades_argument_spec_at_the
 
 
 def choose(name, pass_s=0.2, squeue="g1|10:00"):
-    return ("    - name: Choose the hosts of a pass\n"
-            "      gpufleet.nvidia.rollout_step:\n"
-            "        state: choose\n"
-            "        report_dir: rep\n"
-            "        options: {max_unavailable: '3', drain_ahead: 'true', executor: passes}\n"
-            "        run_id: r1\n"
-            "        pass_s: %s\n"
-            "        squeue: ['%s']\n"
-            "        slurm_names: {g1: null, c1: null, w1: null}\n"
-            "      register: %s\n") % (pass_s, squeue, name)
+    return step_task("Choose the hosts of a pass", name, "choose", PASSES, run_id="r1", pass_s=pass_s,
+                     squeue="['%s']" % squeue, slurm_names="{g1: null, c1: null, w1: null}")
 
 
 def test_passes_leave_a_node_waiting_for_its_install_out_of_the_pass_that_cannot_install_it(tmp_path):
@@ -171,9 +167,7 @@ def test_passes_leave_a_node_waiting_for_its_install_out_of_the_pass_that_cannot
                                           "draining": True})
     # The canary node's install may not begin before the golden node's: it is journaled waiting
     # at once (no wait in its worker).
-    result = run_playbook(tmp_path, admission("canary", "c1").replace("r1\n", "r1\n        options: {max_unavailable: '3', "
-                                                                      "drain_ahead: 'true', executor: passes}\n", 1)
-                          .replace("        options: {max_unavailable: '3', drain_ahead: 'true'}\n", "", 1)
+    result = run_playbook(tmp_path, admission("canary", "c1", PASSES)
                           + "    - name: Keep\n      ansible.builtin.set_fact:\n        out: \"{{ canary }}\"\n" + show)
     assert result["admitted"] is False and result["waiting"] is True and result["released"] is False
     state = rollout_journal.read(str(rep))
@@ -215,16 +209,20 @@ def test_busy_hosts_read_from_squeue_and_unknown_when_a_line_cannot_be_read():
 
 def test_a_pass_waits_for_pass_s_after_the_runs_last_pass(tmp_path):
     slept = []
-    assert rollout_step.pace(str(tmp_path), "r1", 60.0, 1000.0, slept.append) == (0.0, 1)
+
+    def events():
+        return rollout_journal.read_journal(str(tmp_path))["events"]
+
+    assert rollout_step.pace(events(), "r1", 60.0, 1000.0, slept.append) == (0.0, 1)
     rollout_journal.append(str(tmp_path), {"event": "pass", "run_id": "r1", "pass": 1, "time": 990.0,
                                            "hosts": [], "states": {}})
     rollout_journal.append(str(tmp_path), {"event": "pass", "run_id": "r0", "pass": 7, "time": 999.0,
                                            "hosts": [], "states": {}})
-    assert rollout_step.pace(str(tmp_path), "r1", 60.0, 1000.0, slept.append) == (50.0, 2)
+    assert rollout_step.pace(events(), "r1", 60.0, 1000.0, slept.append) == (50.0, 2)
     assert slept == [50.0]
-    assert rollout_step.pace(str(tmp_path), "r1", 60.0, 1100.0, slept.append) == (0.0, 2)
+    assert rollout_step.pace(events(), "r1", 60.0, 1100.0, slept.append) == (0.0, 2)
     # A pass stamped in the future (a clock set back) never waits longer than pass_s.
-    assert rollout_step.pace(str(tmp_path), "r1", 5.0, 0.0, slept.append) == (5.0, 2)
+    assert rollout_step.pace(events(), "r1", 5.0, 0.0, slept.append) == (5.0, 2)
 
 
 def test_pass_settings_read_text_and_name_a_bad_value():
