@@ -26,7 +26,7 @@ from ansible_collections.gpufleet.nvidia.plugins.plugin_utils.controller_run imp
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "required": True, "choices": ["plan", "choose", "admit", "install", "released",
-                                                           "unfinished"]},
+                                                           "unfinished", "waiting"]},
     "report_dir": {"type": "path", "required": True},
     "rollout_id": {"type": "str"},
     "stages": {"type": "dict"},
@@ -47,6 +47,7 @@ ARGUMENT_SPEC = {
     # Extra vars arrive as text: read by pass_settings, which names a bad value at the plan.
     "pass_s": {"type": "raw", "default": 60.0},
     "passes": {"type": "raw", "default": 60},
+    "timeout_s": {"type": "float", "default": 0.0},
 }
 
 #: playbooks/rollout.yml imports rollout_step.yml this many times: the most passes of one run.
@@ -413,7 +414,7 @@ class ActionModule(ControllerAction):
             passes = options["executor"] == "passes"
             found = journal_read(directory)
             if passes and not self._task.check_mode:
-                pass_s, _, problems = pass_settings(args["pass_s"], MAX_PASSES)
+                pass_s, _count, problems = pass_settings(args["pass_s"], MAX_PASSES)
                 if problems:
                     raise AnsibleActionFail("rollout_step: %s" % problems[0])
                 result["waited_s"], number = pace(found["events"], args["run_id"], pass_s, now)
@@ -424,7 +425,8 @@ class ActionModule(ControllerAction):
             nodes = with_estimates(rollout_journal.fleet_state(plan, found["nodes"]), ends, time.time())
             if passes:
                 decision, hosts = rollout_budget.pass_hosts(nodes, options, limit,
-                                                            busy_hosts(args["squeue"], args["slurm_names"]))
+                                                            busy_hosts(args["squeue"], args["slurm_names"]),
+                                                            time.time())
             else:
                 decision, hosts = choose_hosts(nodes, options, limit)
             result["drain_estimates"] = len(ends)
@@ -456,6 +458,8 @@ class ActionModule(ControllerAction):
             return result
         if args["state"] == "install":
             return self._install(result, args, options, directory)
+        if args["state"] == "waiting":
+            return self._waiting(result, args, options, directory)
         if args["state"] == "released":
             if not args["node"]:
                 raise AnsibleActionFail("rollout_step: state=released needs node")
@@ -620,4 +624,47 @@ class ActionModule(ControllerAction):
             return None
 
         result.update(wait_on_journal(directory, args["poll_s"], step))
+        return result
+
+    def _waiting(self, result, args, options, directory):
+        """Leave a node whose jobs still run draining, in the journal and in no worker (passes).
+
+        The drain runs out of time ``timeout_s`` seconds after the rollout started the node (its
+        ``started`` event: the drain was asked for then), as the steps executor's wait does.
+
+        :returns: ``waiting`` true (journal ``waiting`` for ``drain`` with ``until``, epoch
+            seconds); or ``waiting`` false with ``timed_out`` true (its drain is out of time: the
+            transaction fails it) or with ``stop`` (the rollout stopped: the install admission
+            returns the node to service untouched).
+        :raises AnsibleActionFail: without ``node``, or for a node the journal has not in flight.
+        """
+        node = args["node"]
+        if not node:
+            raise AnsibleActionFail("rollout_step: state=waiting needs node")
+        result.update({"waiting": False, "timed_out": False, "stop": None})
+        if self._task.check_mode:
+            return result
+        plan = _load_plan(directory)
+        with rollout_journal.locked(directory):
+            journal = rollout_journal.read(directory)
+            mine = journal.get(node) or {}
+            if mine.get("status") != "in_flight":
+                raise AnsibleActionFail("rollout_step: %s is not in flight in this rollout (journal: %s)"
+                                        % (node, mine.get("status") or "not started"))
+            now = time.time()
+            started = mine.get("started_at")
+            since = started if isinstance(started, (int, float)) and not isinstance(started, bool) else now
+            result["until"] = since + max(0.0, args["timeout_s"])
+            if now >= result["until"]:
+                result["timed_out"] = True
+                result["why"] = "its jobs did not end within %d s of its drain" % args["timeout_s"]
+                return result
+            decision = rollout_budget.decide(rollout_journal.fleet_state(plan, journal), options)
+            if decision["action"] == "stop":
+                result["stop"] = decision["stop"]
+                result["why"] = "the rollout stopped while it drained"
+                return result
+            rollout_journal.append_in_lock(directory, {"event": "waiting", "for": "drain", "until": result["until"],
+                                                       "node": node, "run_id": args["run_id"], "time": now})
+        result.update({"waiting": True, "why": "its jobs still run; a later pass goes on once they end"})
         return result

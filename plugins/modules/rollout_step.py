@@ -43,13 +43,17 @@ description:
     these are the nodes that lost their connection or failed outside their transaction, which have no record yet.
     Nodes whose driver is staged and whose reboot Slurm runs (C(node_upgrade_drain=slurm_reboot)) are returned
     apart, as C(pending) (recorded, still in flight, holding their slot).
+  - V(waiting) (with C(executor) V(passes)) leaves O(node), whose jobs still run after its drain was asked for, in
+    flight and waiting in the journal, so that the pass ends without it and a later pass goes on once Slurm shows
+    no job on it. It returns C(timed_out) instead once O(timeout_s) have passed since the node's start, and
+    C(stop) when the rollout stopped (the install admission then returns the node to service untouched).
   - Budgets, stages and stop reasons are described in the collection's C(docs/rollout.md).
 options:
   state:
     description: What to do.
     type: str
     required: true
-    choices: [plan, choose, admit, install, released, unfinished]
+    choices: [plan, choose, admit, install, released, unfinished, waiting]
   report_dir:
     description: The rollout's report directory on the controller (one per rollout id).
     type: path
@@ -110,6 +114,11 @@ options:
       C(playbooks/rollout.yml) imports (a whole number; text is read as one).
     type: raw
     default: 60
+  timeout_s:
+    description: For O(state=waiting), seconds after the node's start in the journal by which its drain must be over
+      (C(node_upgrade_drain_timeout_s)).
+    type: float
+    default: 0
   poll_s:
     description: For O(state=admit), seconds between two looks at the journal.
     type: float
@@ -231,7 +240,7 @@ waited_s:
   type: float
 stop:
   description: C({code, reason, nodes}) when the rollout stopped.
-  returned: when O(state) is V(choose) or V(admit)
+  returned: when O(state) is V(choose), V(admit) or V(waiting)
   type: dict
 admitted:
   description: Whether the node may start (or resume) its transaction now (V(admit)), or begin its install (V(install)).
@@ -242,12 +251,20 @@ released:
   returned: when O(state=install)
   type: bool
 waiting:
-  description: With C(executor) V(passes), the node's install may not begin now; it stays drained, in flight, for a
-    later pass.
-  returned: when O(state=install)
+  description: With C(executor) V(passes), the node's install may not begin now (V(install)), or its jobs still run
+    (V(waiting)); it stays in flight, in no worker, for a later pass.
+  returned: when O(state) is V(install) or V(waiting)
   type: bool
+timed_out:
+  description: The node's drain is out of time (O(timeout_s) since its start); its transaction fails it.
+  returned: when O(state=waiting)
+  type: bool
+until:
+  description: Epoch seconds by which the node's drain must be over.
+  returned: when O(state=waiting), not in check mode
+  type: float
 why:
-  description: The reason for C(admitted).
-  returned: when O(state) is V(admit) or V(install), not in check mode
+  description: The reason for C(admitted), or for C(waiting).
+  returned: when O(state) is V(admit), V(install) or V(waiting), not in check mode
   type: str
 """

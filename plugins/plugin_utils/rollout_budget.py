@@ -780,13 +780,15 @@ def step_hosts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any],
 
 
 def pass_hosts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any], limit: int,
-               busy: Optional[Iterable[str]] = None) -> Tuple[Dict[str, Any], List[str]]:
+               busy: Optional[Iterable[str]] = None, now: Optional[float] = None) -> Tuple[Dict[str, Any], List[str]]:
     """The hosts of the next pass (``rollout_executor: passes``): only nodes whose next action is
     ready now, so that every worker of the pass acts and none waits (``plugin_utils.node_states``).
 
     In flight, a node is left out while it waits: for its install admission (``waiting``, drained
-    ahead, not in :func:`decide`'s ``install`` and not to be released at a stop), or for the reboot
-    its scheduler runs (``pending``) while ``busy`` says its jobs still run. Every other node in
+    ahead, not in :func:`decide`'s ``install`` and not to be released at a stop), for its drain
+    (``waiting_for: drain``) while ``busy`` says its jobs still run and its drain has time left
+    (``waiting_until`` after ``now``; a stop takes it, to release it), or for the reboot its
+    scheduler runs (``pending``) while ``busy`` says its jobs still run. Every other node in
     flight is taken (its reboot may be over; a cut-off or killed node is resumed), then the nodes
     :func:`decide` starts now. No node is taken to wait for a slot: a slot freed during the pass is
     filled by the next one.
@@ -794,7 +796,8 @@ def pass_hosts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any], l
     :param nodes: ``rollout_journal.fleet_state`` (:func:`decide`'s shape; ``waiting``?, ``pending``?).
     :param options: :func:`normalize_options`. :param limit: at most this many hosts (the forks).
     :param busy: inventory names of the nodes with a running job (``squeue``); ``None`` when
-        unknown (every pending node is taken: reading it is safe, only a worker's time).
+        unknown (every pending or draining node is taken: reading it is safe, only a worker's time).
+    :param now: epoch seconds (``None``: no drain is taken as out of time).
     :returns: ``(decision, [names])``: in flight first, in node order, then the starts.
     :raises: what :func:`decide` raises.
     """
@@ -806,9 +809,15 @@ def pass_hosts(nodes: Sequence[Mapping[str, Any]], options: Mapping[str, Any], l
     for node in nodes:
         if node.get("status") != "in_flight":
             continue
-        if node.get("waiting") and node["name"] not in installs and node["name"] not in release:
+        jobs_run = busy_set is not None and node["name"] in busy_set
+        if node.get("waiting_for") == "drain":
+            until = node.get("waiting_until")
+            out_of_time = now is not None and isinstance(until, (int, float)) and now >= until
+            if jobs_run and not out_of_time and decision["action"] != "stop":
+                continue
+        elif node.get("waiting") and node["name"] not in installs and node["name"] not in release:
             continue
-        if node.get("pending") and busy_set is not None and node["name"] in busy_set:
+        if node.get("pending") and jobs_run:
             continue
         hosts.append(node["name"])
     if decision["action"] not in ("stop", "done"):

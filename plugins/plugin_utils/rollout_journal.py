@@ -31,6 +31,11 @@ controller killed anywhere leaves every line it wrote whole:
   scheduler reboots it when its jobs end (``node_upgrade_drain: slurm_reboot``): it stays in
   flight, holding its slot, and a later step verifies it; ``{"event": "resumed", "node", "time",
   "run_id"}`` — a step took such a node up again.
+* ``{"event": "waiting", "node", "time", "run_id", "for"?: "install" | "drain", "until"?}`` — a pass
+  (``rollout_executor: passes``) left the node in flight, waiting in no worker: drained ahead, for
+  its install admission (``for`` absent or ``install``), or for its jobs to end (``drain``: the
+  scheduler was asked to drain it; ``until``, epoch seconds, is when its drain runs out of time).
+  A later pass takes it up (``resumed``).
 
 A node started and not finished is in flight: the next step resumes it first (its transaction
 reads its own state on the node and continues, or finds it done). Appending costs the same
@@ -117,6 +122,11 @@ def fold_lines(lines: Iterable[Union[str, bytes]]) -> Dict[str, Dict[str, Any]]:
     return fold(scanned["events"], scanned["lost"])
 
 
+def _not_waiting(node: Dict[str, Any]) -> None:
+    for key in ("waiting", "waiting_for", "waiting_until"):
+        node.pop(key, None)
+
+
 def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
          lost: Sequence[Mapping[str, Any]] = ()) -> Dict[str, Dict[str, Any]]:
     """Fold journal events into the state of each node.
@@ -127,10 +137,12 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
         ``text``, ``node`` when the damaged line names one).
     :returns: ``{node: {"status": "in_flight" | "done" | "failed" | "refused", "started_at",
         "finished_at", "result", "changed", "signature", "implicates_driver", "target",
-        "run_id", "draining"?, "drained"?, "pending"?, "waiting"?, "held"? (its soak runs), "contract_changes"?, "journal_lost"?:
-        [text], "ambiguous"?: text}}``; nodes the journal never named are absent (not started);
-        ``pending`` is true for a node in flight that waits for its scheduler's reboot,
-        ``waiting`` for one a pass left drained ahead, waiting for its install admission. A node a
+        "run_id", "draining"?, "drained"?, "pending"?, "waiting"?, "waiting_for"?, "waiting_until"?,
+        "held"? (its soak runs), "contract_changes"?, "journal_lost"?: [text], "ambiguous"?: text}}``;
+        nodes the journal never named are absent (not started); ``pending`` is true for a node in
+        flight that waits for its scheduler's reboot, ``waiting`` for one a pass left waiting:
+        ``waiting_for`` ``install`` (drained ahead, for its install admission) or ``drain`` (for its
+        jobs to end, ``draining``; ``waiting_until``: epoch seconds its drain runs out of time). A node a
         lost line names after its last readable event is ``in_flight`` with ``ambiguous`` (that
         line's ``unreadable: ...``); ``journal_lost`` lists every lost line that names it.
     """
@@ -162,16 +174,24 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
             node["draining"] = kind == "draining"
             node["drained"] = kind == "drained"
             if kind == "installing":
-                node.pop("waiting", None)
+                _not_waiting(node)
         elif kind == "pending":
             node.update({"status": "in_flight", "pending": True})
             node.pop("draining", None)
             node.pop("drained", None)
         elif kind == "waiting" and node.get("status") == "in_flight":
             node["waiting"] = True
+            if event.get("for") == "drain":
+                node.update({"waiting_for": "drain", "draining": True, "drained": False})
+                until = event.get("until")
+                if isinstance(until, (int, float)) and not isinstance(until, bool):
+                    node["waiting_until"] = until
+            else:
+                node["waiting_for"] = "install"
+                node.pop("waiting_until", None)
         elif kind == "resumed":
             node.pop("pending", None)
-            node.pop("waiting", None)
+            _not_waiting(node)
         elif kind == "finished" and event.get("status") in ("done", "failed", "refused"):
             for key in ("status", "result", "changed", "signature", "implicates_driver", "target", "run_id",
                         "out_of_service"):
@@ -182,7 +202,7 @@ def fold(events: Sequence[Tuple[int, Mapping[str, Any]]],
             node.pop("draining", None)
             node.pop("drained", None)
             node.pop("pending", None)
-            node.pop("waiting", None)
+            _not_waiting(node)
             node.pop("held", None)
             node["finished_at"] = event.get("time")
     for entry in lost:
@@ -260,8 +280,7 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
     :param journal: :func:`read`.
     :returns: ``[{"name", "stage", "class", "domain", "status", "signature"?,
         "implicates_driver"?, "target"?, "changed"?, "finished_at"?, "draining"?, "drained"?, "pending"?,
-        "waiting"?, "contract_changes"?,
-        "journal_lost"?, "ambiguous"?}]``.
+        "waiting"?, "waiting_for"?, "waiting_until"?, "contract_changes"?, "journal_lost"?, "ambiguous"?}]``.
     """
     nodes = []
     for node in plan.get("nodes") or []:
@@ -269,7 +288,8 @@ def fleet_state(plan: Mapping[str, Any], journal: Mapping[str, Mapping[str, Any]
         row = dict(node)
         row["status"] = state.get("status") or "pending"
         for key in ("signature", "implicates_driver", "target", "changed", "finished_at", "result", "out_of_service",
-                    "draining", "drained", "pending", "waiting", "journal_lost", "ambiguous"):
+                    "draining", "drained", "pending", "waiting", "waiting_for", "waiting_until", "journal_lost",
+                    "ambiguous"):
             if state.get(key) is not None:
                 row[key] = state[key]
         if "contract_changes" in state:
@@ -306,8 +326,8 @@ def pending(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
 
 
 def waiting(journal: Mapping[str, Mapping[str, Any]], nodes: Any) -> List[str]:
-    """The nodes among ``nodes`` in flight that a pass left waiting for their install admission
-    (a ``waiting`` event, not followed by ``resumed``, ``installing`` or ``finished``)."""
+    """The nodes among ``nodes`` in flight that a pass left waiting, for their install admission or
+    their drain (a ``waiting`` event, not followed by ``resumed``, ``installing`` or ``finished``)."""
     return [n for n in nodes if (journal.get(n) or {}).get("status") == "in_flight"
             and (journal.get(n) or {}).get("waiting")]
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from ansible_collections.gpufleet.nvidia.plugins.action import rollout_step
 from ansible_collections.gpufleet.nvidia.plugins.plugin_utils import rollout_budget, rollout_journal
@@ -234,3 +235,38 @@ def test_pass_settings_read_text_and_name_a_bad_value():
                         "rollout_passes must be a whole number from 1 to 60 (the passes rollout.yml holds), got '61'"]
     assert rollout_step.pass_settings("nan", "1.5")[2][0].endswith("got 'nan'")
     assert rollout_step.pass_settings(True, True)[:2] == (None, None)
+
+
+def test_a_node_whose_jobs_run_waits_in_the_journal_until_its_drain_is_out_of_time(tmp_path):
+    rep = tmp_path / "rep"
+    rep.mkdir()
+    (rep / "plan.json").write_text(json.dumps({"rollout_id": "t", "nodes": NODES}))
+    now = time.time()
+    rollout_journal.append(str(rep), {"event": "started", "node": "g1", "run_id": "r1", "time": now - 100.0})
+    rollout_journal.append(str(rep), {"event": "started", "node": "c1", "run_id": "r1", "time": now - 4000.0})
+    tasks = (step_task("Drain of g1", "g1", "waiting", PASSES, node="g1", run_id="r1", timeout_s=3600)
+             + step_task("Drain of c1", "c1", "waiting", PASSES, node="c1", run_id="r1", timeout_s=3600)
+             + "    - name: Show\n      ansible.builtin.debug:\n"
+               "        msg: \"RESULT {{ {'g1': g1, 'c1': c1} | to_json }}\"\n")
+    result = run_playbook(tmp_path, tasks)
+    # g1 started 100 s ago: its drain has an hour from its start; it waits, journaled.
+    assert result["g1"]["waiting"] is True and result["g1"]["timed_out"] is False
+    assert abs(result["g1"]["until"] - (now + 3500.0)) < 1.0
+    # c1 started 4000 s ago: out of time, not journaled waiting (its transaction fails the drain).
+    assert result["c1"]["waiting"] is False and result["c1"]["timed_out"] is True
+    assert result["c1"]["why"] == "its jobs did not end within 3600 s of its drain"
+    state = rollout_journal.read(str(rep))
+    assert state["g1"]["waiting_for"] == "drain" and state["g1"]["draining"] is True
+    assert "waiting" not in state["c1"]
+    # The rollout stopped: no wait, the install admission releases the node.
+    rollout_journal.append(str(rep), {"event": "finished", "node": "w1", "status": "failed", "result": "rolled_back",
+                                      "signature": "xid 79", "implicates_driver": True, "time": now})
+    rollout_journal.append(str(rep), {"event": "finished", "node": "c1", "status": "failed", "result": "rolled_back",
+                                      "signature": "xid 79", "implicates_driver": True, "time": now})
+    rollout_journal.append(str(rep), {"event": "resumed", "node": "g1", "run_id": "r1", "time": now})
+    stopped = run_playbook(tmp_path, step_task("Drain of g1", "g1", "waiting", PASSES, node="g1", run_id="r1",
+                                               timeout_s=3600)
+                           + "    - name: Show\n      ansible.builtin.debug:\n        msg: \"RESULT {{ g1 | to_json }}\"\n")
+    assert stopped["waiting"] is False and stopped["timed_out"] is False
+    assert stopped["stop"]["code"] == "stage_failure" and stopped["stop"]["nodes"] == ["c1"], stopped["stop"]
+    assert "waiting" not in rollout_journal.read(str(rep))["g1"]

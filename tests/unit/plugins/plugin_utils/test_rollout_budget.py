@@ -554,6 +554,26 @@ def test_pass_hosts_take_only_nodes_whose_next_action_is_ready():
     assert "w3" in decision["install"] and hosts[0] == "w3"
 
 
+def test_pass_hosts_leave_a_node_waiting_for_its_drain_out_while_its_jobs_run_and_its_drain_has_time():
+    options = rb.normalize_options({"max_unavailable": "2", "executor": "passes"})
+    nodes = [{"name": "g1", "class": "gpu_a", "stage": "golden", "status": "in_flight", "draining": True,
+              "waiting": True, "waiting_for": "drain", "waiting_until": 5000.0},
+             {"name": "c1", "class": "gpu_a", "stage": "canary", "status": "done", "changed": True}]
+    # Its job runs and its drain has time left: no worker for it.
+    assert rb.pass_hosts(nodes, options, 10, busy={"g1"}, now=4000.0)[1] == []
+    # Its jobs are over, squeue cannot be read, or its drain is out of time: taken, to go on or fail it.
+    assert rb.pass_hosts(nodes, options, 10, busy=set(), now=4000.0)[1] == ["g1"]
+    assert rb.pass_hosts(nodes, options, 10, busy=None, now=4000.0)[1] == ["g1"]
+    assert rb.pass_hosts(nodes, options, 10, busy={"g1"}, now=5000.0)[1] == ["g1"]
+    # No clock given: never out of time.
+    assert rb.pass_hosts(nodes, options, 10, busy={"g1"})[1] == []
+    # The rollout stopped (a golden node elsewhere failed on the driver): taken, to be released.
+    stopped = nodes + [{"name": "g2", "class": "gpu_a", "stage": "golden", "status": "failed", "changed": True,
+                        "implicates_driver": True, "signature": "xid 79", "result": "rolled_back"}]
+    decision, hosts = rb.pass_hosts(stopped, options, 10, busy={"g1"}, now=4000.0)
+    assert decision["action"] == "stop" and hosts == ["g1"]
+
+
 def test_the_executor_option_is_steps_or_passes():
     assert rb.normalize_options({})["executor"] == "steps"
     assert rb.normalize_options({"executor": " Passes "})["executor"] == "passes"

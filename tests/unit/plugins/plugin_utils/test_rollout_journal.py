@@ -215,7 +215,7 @@ def test_a_node_left_waiting_by_a_pass_stays_in_flight_until_its_install_or_a_re
     ], 1))
     state = rollout_journal.fold(events)
     assert state["n1"] == {"status": "in_flight", "started_at": 1.0, "run_id": "r1", "draining": False,
-                           "drained": True, "waiting": True}
+                           "drained": True, "waiting": True, "waiting_for": "install"}
     assert "status" not in state["n2"]
     assert rollout_journal.unfinished(state, ["n1"]) == [] and rollout_journal.waiting(state, ["n1", "n2"]) == ["n1"]
     assert rollout_journal.passes(events) == [{"pass": 4, "run_id": "r1", "time": 4.0, "hosts": [],
@@ -224,8 +224,30 @@ def test_a_node_left_waiting_by_a_pass_stays_in_flight_until_its_install_or_a_re
     assert "waiting" not in resumed["n1"] and rollout_journal.unfinished(resumed, ["n1"]) == ["n1"]
     installing = rollout_journal.fold(events + [(6, {"event": "installing", "node": "n1", "time": 5.0})])
     assert "waiting" not in installing["n1"] and installing["n1"]["drained"] is False
+    assert "waiting_for" not in resumed["n1"] and "waiting_for" not in installing["n1"]
     # A pass event whose fields are not of their types is left out, never guessed.
     bad = [(1, {"event": "pass", "time": "soon", "hosts": [], "states": {}}),
            (2, {"event": "pass", "time": 1.0, "hosts": "n1", "states": {}}),
            (3, {"event": "pass", "time": True, "hosts": [], "states": {}})]
     assert rollout_journal.passes(bad) == []
+
+
+def test_a_node_left_waiting_for_its_drain_is_draining_until_a_resume():
+    events = list(enumerate([
+        {"event": "started", "node": "n1", "run_id": "r1", "time": 1.0},
+        {"event": "waiting", "for": "drain", "until": 3601.0, "node": "n1", "run_id": "r1", "time": 2.0},
+        {"event": "started", "node": "n2", "run_id": "r1", "time": 1.0},
+        {"event": "waiting", "for": "drain", "until": "later", "node": "n2", "run_id": "r1", "time": 2.0},
+    ], 1))
+    state = rollout_journal.fold(events)
+    assert state["n1"] == {"status": "in_flight", "started_at": 1.0, "run_id": "r1", "draining": True,
+                           "drained": False, "waiting": True, "waiting_for": "drain", "waiting_until": 3601.0}
+    # An until that is not a number is not taken for one: the drain has no end the pass can see.
+    assert "waiting_until" not in state["n2"] and state["n2"]["waiting_for"] == "drain"
+    assert rollout_journal.unfinished(state, ["n1", "n2"]) == [] and rollout_journal.waiting(state, ["n1"]) == ["n1"]
+    plan = {"nodes": [{"name": "n1", "stage": "waves", "class": "gpu_a", "domain": None}]}
+    row = rollout_journal.fleet_state(plan, state)[0]
+    assert (row["waiting_for"], row["waiting_until"], row["draining"]) == ("drain", 3601.0, True)
+    resumed = rollout_journal.fold(events + [(5, {"event": "resumed", "node": "n1", "time": 5.0})])
+    assert not set(resumed["n1"]) & {"waiting", "waiting_for", "waiting_until"}
+    assert resumed["n1"]["draining"] is True and rollout_journal.unfinished(resumed, ["n1"]) == ["n1"]
