@@ -28,7 +28,12 @@ own slot), every node first on the baseline driver 580.126.20. Then, in order:
 * ``slurm_reboot`` on node02 (the operator's drain lifted) whose GPU is lost at the next boot:
   Slurm reboots it, it stays DOWN, the next run fails its verification and rolls it back; it
   stays drained and flagged, the job queued for it never starts there, and a job free to run
-  anywhere runs on another node.
+  anywhere runs on another node;
+* ``rollout_executor: passes`` over the three nodes in one class, node03 busy: with
+  ``slurm_reboot``, one run stages node03, leaves it to Slurm while its job runs and verifies it
+  after; with the ``slurm`` drain, the pass that asks for node03's drain leaves it waiting in the
+  journal and a pass after its job ends installs, reboots and verifies it. In both, no pass takes
+  node03 while its job runs.
 """
 
 from __future__ import annotations
@@ -372,23 +377,27 @@ def journal_events(rollouts, rollout_id):
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def on_baseline(rollouts, rollback_id):
+    """Every node on the baseline, in service, without a fault (whichever tests ran before)."""
+    for node in ("node02", "node03"):
+        rollouts.fleet.fault(node, "clear")
+    if rollouts.slurm_node("node02")["drain"]:
+        rollouts.fleet.slurm(["scontrol", "update", "NodeName=node02", "State=RESUME"], check=True)
+    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=node01:node02:node03", "-e", "rollback_id=" + rollback_id,
+                             "-e", "rollback_version=%s" % BASELINE,
+                             "-e", "rollback_report_dir=%s" % rollouts.report_dir(rollback_id))
+    assert code == 0, log[-4000:]
+    for node in ("node01", "node02", "node03"):
+        wait_for_state(rollouts, node, "IDLE", timeout=60)
+        assert_on(rollouts, node, BASELINE)
+
+
 def test_passes_upgrade_every_node_in_one_run_and_take_no_worker_for_a_node_that_waits(slurm_rollouts, first_rollout):
     """``rollout_executor: passes`` with ``slurm_reboot`` over the three nodes, one class (budget 3,
     window 1 then 2), node03 busy: a pass takes only the nodes whose next action is ready."""
     rollouts = slurm_rollouts
     assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
-    # Every node on the baseline, in service, without a fault (whichever tests ran before).
-    for node in ("node02", "node03"):
-        rollouts.fleet.fault(node, "clear")
-    if rollouts.slurm_node("node02")["drain"]:
-        rollouts.fleet.slurm(["scontrol", "update", "NodeName=node02", "State=RESUME"], check=True)
-    code, log = rollouts.run(ROLLBACK, "-e", "rollback_hosts=node01:node03", "-e", "rollback_id=slurm-p-base",
-                             "-e", "rollback_version=%s" % BASELINE,
-                             "-e", "rollback_report_dir=%s" % rollouts.report_dir("slurm-p-base"))
-    assert code == 0, log[-4000:]
-    for node in ("node01", "node02", "node03"):
-        wait_for_state(rollouts, node, "IDLE", timeout=60)
-        assert_on(rollouts, node, BASELINE)
+    on_baseline(rollouts, "slurm-p-base")
     job = rollouts.sbatch("node03", JOB_SCRIPT % {"go": "/root/go-p", "end": "/root/job-end-p"}, time_limit="30")
     wait_for(lambda: rollouts.job_state(job) == "RUNNING", 60, "job %s running on node03" % job)
     proc, out = rollouts.rollout("slurm-p", "node01:node02:node03", "-e", "node_upgrade_drain=slurm_reboot",
@@ -448,4 +457,67 @@ def test_passes_upgrade_every_node_in_one_run_and_take_no_worker_for_a_node_that
     # found it still rebooting), never in one while its job ran.
     assert 2 <= sum("node03" in p["hosts"] for p in passes) <= 5, [p["hosts"] for p in passes]
     # The last pass found every node done and took no host: the run ended there.
+    assert passes[-1]["states"] == {"done": 3} and passes[-1]["hosts"] == [], passes[-1]
+
+
+def test_passes_leave_a_busy_node_draining_in_the_journal_and_install_it_after_its_job(slurm_rollouts, first_rollout):
+    """``rollout_executor: passes`` with the ``slurm`` drain over the three nodes, one class, node03
+    busy: the pass that asks for its drain leaves it waiting in the journal; later passes go on
+    without it while its job runs, and one after the job ends installs, reboots and verifies it."""
+    rollouts = slurm_rollouts
+    assert first_rollout["code"] == 2, first_rollout["log"][-4000:]
+    on_baseline(rollouts, "slurm-d-base")
+    job = rollouts.sbatch("node03", JOB_SCRIPT % {"go": "/root/go-d", "end": "/root/job-end-d"}, time_limit="30")
+    wait_for(lambda: rollouts.job_state(job) == "RUNNING", 60, "job %s running on node03" % job)
+    proc, out = rollouts.rollout("slurm-d", "node01:node02:node03", "-e", "rollout_executor=passes",
+                                 "-e", "rollout_pass_s=5", "-e", "rollout_class_prefix=none_",
+                                 "-e", "rollout_max_unavailable=3", start=True)
+
+    def node03_waits():
+        try:
+            events = journal_events(rollouts, "slurm-d")
+        except (OSError, ValueError):
+            return proc.poll() is not None
+        return any(e.get("event") == "waiting" and e.get("for") == "drain" and e.get("node") == "node03"
+                   for e in events) or proc.poll() is not None
+
+    wait_for(node03_waits, 900, "node03 left draining by a pass")
+    assert proc.poll() is None, open(out).read()[-4000:]
+    assert rollouts.job_state(job) == "RUNNING"
+    assert rollouts.slurm_node("node03")["summary"] == "draining"
+    time.sleep(15)
+    release(rollouts, "node03", "/root/go-d")
+    proc.wait(timeout=1200)
+    with open(out) as handle:
+        text = handle.read()
+    assert proc.returncode == 0, text[-4000:]
+    with open(os.path.join(rollouts.fleet.root_of("node03"), "root", "job-end-d")) as handle:
+        job_end = float(handle.read().strip())
+    report = rollouts.report("slurm-d")
+    assert report["status"] == "completed", report["status"]
+    assert rollouts.started("slurm-d") == {"node01": 1, "node02": 1, "node03": 1}
+    for node in ("node01", "node02", "node03"):
+        record = rollouts.record("slurm-d", node)
+        assert record["result"] == "upgraded", record
+        assert record["reason"] == "verified on %s" % TARGET, record["reason"]
+        assert_on(rollouts, node, TARGET)
+        assert wait_for_state(rollouts, node, "IDLE", timeout=60)["reason"] is None
+        assert not rollouts.lock_exists(node)
+    # node03's drain ended, and its install began, after its job ended.
+    marks = rollouts.record("slurm-d", "node03")["marks"]
+    assert job_end <= float(marks["drained"]) <= float(marks["installed"]), (marks, job_end)
+    events = journal_events(rollouts, "slurm-d")
+    passes = [e for e in events if e["event"] == "pass"]
+    started = next(e["time"] for e in events if e["event"] == "started" and e["node"] == "node03")
+    waits = [e for e in events if e["event"] == "waiting" and e.get("node") == "node03"]
+    # Its drain runs out of time node_upgrade_drain_timeout_s (300) after the rollout started it.
+    assert waits and waits[0]["for"] == "drain" and waits[0]["until"] == pytest.approx(started + 300, abs=1), waits
+    # Every pass between its first wait and its job's end went on without node03, and counted it
+    # as drain_requested: waiting for the jobs held no worker.
+    meanwhile = [p for p in passes if waits[0]["time"] < p["time"] < job_end]
+    assert meanwhile and all("node03" not in p["hosts"] for p in meanwhile), (meanwhile, job_end)
+    assert all(p["states"].get("drain_requested", 0) >= 1 for p in meanwhile), [p["states"] for p in meanwhile]
+    # node03 acted in few passes: its start and drain request, then its install to its verification
+    # (and any pass that looked while its drain completed).
+    assert 2 <= sum("node03" in p["hosts"] for p in passes) <= 4, [p["hosts"] for p in passes]
     assert passes[-1]["states"] == {"done": 3} and passes[-1]["hosts"] == [], passes[-1]
