@@ -470,7 +470,7 @@ class Passes(object):
         decision = dict(decision, start=decision["start"][:max(0, free - len(installs))])
 
         def acting(node):
-            self._take(run, self.params["install_share"] * node["work_s"], "installed", node["name"])
+            self._take(run, self.install_s(node), "installed", node["name"])
 
         if policy.apply(run, decision, installs, acting):
             return True
@@ -478,11 +478,20 @@ class Passes(object):
             self._take(run, self.params["act_s"], "acted", name)
         return False
 
+    #: Whether the reboot holds the worker of the install (``ansible.builtin.reboot``).
+    reboot_in_worker = False
+
+    def install_s(self, node):
+        """Seconds an install holds its worker: the install, and the reboot when the worker runs it."""
+        share = self.params["install_share"] + (self.params["reboot_share"] if self.reboot_in_worker else 0.0)
+        return share * node["work_s"]
+
     def on_event(self, policy, run, kind, node):
         if kind in ("acted", "installed", "verified"):
             self.busy -= 1
         if kind == "installed":
-            run._schedule(run.now + self.params["reboot_share"] * node["work_s"], "rebooted", node["name"])
+            reboot = 0.0 if self.reboot_in_worker else self.params["reboot_share"] * node["work_s"]
+            run._schedule(run.now + reboot, "rebooted", node["name"])
         elif kind == "rebooted" and node["status"] == "in_flight":
             self.verify_queue.append(node["name"])
         elif kind == "verified":
@@ -493,7 +502,15 @@ class Passes(object):
         return {"worker_peak": self.peak, "passes": self.passes, "jobs": self.jobs}
 
 
-EXECUTORS = {"unbounded": Unbounded, "steps": Steps, "passes": Passes}
+class SlurmDrainPasses(Passes):
+    """:class:`Passes` for ``node_upgrade_drain: slurm``: the drain waits in no worker (the pass
+    journals the node waiting for its drain), the reboot runs in the worker of the install."""
+
+    name = "passes_slurm"
+    reboot_in_worker = True
+
+
+EXECUTORS = {"unbounded": Unbounded, "steps": Steps, "passes": Passes, "passes_slurm": SlurmDrainPasses}
 
 
 class BudgetPolicy(object):
@@ -915,6 +932,16 @@ def simulate(size, runs, processes, names=None, forks=(), executors=("steps", "p
             "failures_per_gpu_day": FAILURES_PER_GPU_DAY, "policies": out}
 
 
+def _flag(text):
+    """A yes/no command-line value (``true``/``false``, ``yes``/``no``, ``1``/``0``)."""
+    value = str(text).strip().lower()
+    if value in ("true", "yes", "1"):
+        return True
+    if value in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError("not a yes/no value: %r" % (text,))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--nodes", type=int, default=10000)
@@ -925,11 +952,12 @@ def main(argv=None):
     parser.add_argument("--forks", default="100,200,500,1000",
                         help="worker counts for by_forks (comma-separated; empty: none)")
     parser.add_argument("--executors", default="steps,passes",
-                        help="executors for by_forks: steps (playbooks/rollout.yml as it runs), passes (the state machine)")
+                        help="executors for by_forks: steps (playbooks/rollout.yml as it runs), passes (the state "
+                             "machine, slurm_reboot), passes_slurm (the state machine, slurm drain: the reboot in the worker)")
     parser.add_argument("--fork-runs", type=int, help="seeds per scenario for by_forks (default: --runs)")
     for key, value in sorted(EXECUTOR_DEFAULTS.items()):
-        parser.add_argument("--" + key.replace("_", "-"), type=type(value), default=value,
-                            help="executor parameter (default %s)" % value)
+        parser.add_argument("--" + key.replace("_", "-"), type=_flag if isinstance(value, bool) else type(value),
+                            default=value, help="executor parameter (default %s)" % value)
     parser.add_argument("--breakdown", type=int, metavar="SEED",
                         help="run the default policy once on a clean fleet and print where each class's time goes")
     args = parser.parse_args(argv)

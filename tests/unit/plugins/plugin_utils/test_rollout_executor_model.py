@@ -30,7 +30,7 @@ def run(executor, size=200, seed=1000, bad=0.0):
     return fleet, simulate.Run(fleet, policy).go()
 
 
-@pytest.mark.parametrize("kind", ["steps", "passes"])
+@pytest.mark.parametrize("kind", ["steps", "passes", "passes_slurm"])
 def test_workers_never_above_forks_and_the_fleet_finishes(kind):
     fleet, result = run(simulate.EXECUTORS[kind](4))
     assert result["completion_s"] is not None and result["stopped"] is None
@@ -51,6 +51,21 @@ def test_fixed_steps_with_few_workers_take_longer_than_the_decisions_alone():
     assert steps["steps"] >= 200 // 4
     # 12 steps a job: more than one job, each after the gap.
     assert steps["jobs"] == -(-steps["steps"] // 12)
+
+
+def test_a_reboot_in_the_worker_holds_it_longer_than_one_the_scheduler_runs():
+    """``passes_slurm`` (``node_upgrade_drain: slurm``): the reboot runs in the install's worker;
+    with few workers the same fleet takes longer than with ``passes`` (``slurm_reboot``)."""
+    fleet = simulate.Fleet(10, 1000, 0.0)
+    node = fleet.nodes[0]
+    assert simulate.SlurmDrainPasses(4).install_s(node) == pytest.approx(0.8 * node["work_s"])
+    assert simulate.Passes(4).install_s(node) == pytest.approx(0.4 * node["work_s"])
+    _fleet, passes = run(simulate.Passes(2))
+    _fleet, slurm = run(simulate.SlurmDrainPasses(2))
+    assert slurm["completion_s"] > passes["completion_s"]
+    assert simulate._flag("False") is False and simulate._flag(" yes ") is True
+    with pytest.raises(Exception, match="not a yes/no value"):
+        simulate._flag("maybe")
 
 
 @pytest.mark.parametrize("kind", ["steps", "passes"])
