@@ -131,6 +131,25 @@ class Fleet(object):
         self.by_name = dict((n["name"], n) for n in self.nodes)
         self.rate_per_s = FAILURES_PER_GPU_DAY * GPUS_PER_NODE / 86400.0
 
+    @classmethod
+    def described(cls, nodes, seed=0, failures=False):
+        """A fleet given node by node (``benchmarks/rollout/scale.py``: the fleet it runs for real).
+
+        :param nodes: ``[{"name", "class", "stage", "drain_s", "drain_estimate_s", "work_s"}]`` in
+            inventory order (seconds; ``drain_estimate_s`` may be absent); ``bad`` defaults to False.
+            ``drain_until_s``, where given, is when the node's jobs end (seconds from the start of
+            the run, whenever its drain is asked for: real jobs that run from the start), in place
+            of a drain of ``drain_s`` from its request.
+        :param failures: whether unrelated node failures strike (the Llama 3 rate); a simulated
+            fleet has none.
+        """
+        fleet = cls.__new__(cls)
+        fleet.rng = random.Random(seed)
+        fleet.nodes = [dict({"status": "pending", "bad": False}, **node) for node in nodes]
+        fleet.by_name = dict((n["name"], n) for n in fleet.nodes)
+        fleet.rate_per_s = FAILURES_PER_GPU_DAY * GPUS_PER_NODE / 86400.0 if failures else 0.0
+        return fleet
+
     def mean_transaction_s(self):
         return statistics.fmean(n["drain_s"] + n["work_s"] for n in self.nodes)
 
@@ -156,7 +175,7 @@ class Run(object):
         self.stopped = None
         self.unavailable = set()
         self.pending = [n["name"] for n in reversed(fleet.nodes)]   # next node last
-        for node in fleet.nodes:
+        for node in fleet.nodes if fleet.rate_per_s > 0 else ():
             self._schedule(fleet.rng.expovariate(fleet.rate_per_s), "strike", node["name"])
 
     def _touch(self, node):
@@ -180,7 +199,8 @@ class Run(object):
         if node["stage"] == "waves":
             self.drained_ahead += 1
         self._touch(node)
-        self._schedule(self.now + node["drain_s"], "drained", name)
+        drained_at = max(self.now, node["drain_until_s"]) if "drain_until_s" in node else self.now + node["drain_s"]
+        self._schedule(drained_at, "drained", name)
 
     def install(self, name, acting=None):
         """The node's install begins: the new driver touches it (counted as upgraded).
@@ -303,7 +323,7 @@ class Run(object):
         failed = len([n for n in self.fleet.nodes if n["status"] == "failed"])
         out = {"completion_s": self.policy.done_at, "stopped": self.stopped, "failed": failed,
                "waves_started": self.started_waves, "waves_drained": self.drained_ahead,
-               "max_oos_pct": max(self.max_oos.values() or [0.0])}
+               "max_oos_pct": max(self.max_oos.values() or [0.0]), "max_oos_by_class": dict(self.max_oos)}
         executor = getattr(self.policy, "executor", None)
         if executor is not None:
             out.update(executor.stats())
@@ -332,6 +352,13 @@ EXECUTOR_DEFAULTS = {
     # the pass that verified it (tasks/gate.yml), holding its worker; False models a soak that is
     # a time stamp.
     "soak_in_worker": True,
+    # A pass is one import of rollout_step.yml: its hosts are fixed when it begins and the next
+    # pass begins only after its slowest host is done, pass_overhead_s later (the controller's
+    # own plays: the report of the pass, the choice of the next; as step_overhead_s). False:
+    # passes without a barrier, a free worker taken up at the next decision (what a controller
+    # that advances each node on its own would do).
+    "pass_barrier": True,
+    "pass_overhead_s": 60.0,
 }
 
 
@@ -427,7 +454,9 @@ class Passes(object):
     the verification (``verify_share``; with ``soak_in_worker``, a golden or canary node's soak
     after it) hold a worker; the drain and the reboot (``reboot_share``) hold none:
     ``rollout_executor: passes`` with ``node_upgrade_drain: slurm_reboot``. After ``passes_per_job`` passes the job ends and the next begins
-    ``job_gap_s`` later; nothing acts in between (drains and reboots go on).
+    ``job_gap_s`` later; nothing acts in between (drains and reboots go on). With ``pass_barrier``
+    a pass begins only once every action of the one before ended, ``pass_overhead_s`` after the
+    last (the playbook as it runs); without, a worker freed is taken up at the next decision.
     """
 
     name = "passes"
@@ -442,6 +471,8 @@ class Passes(object):
         self.jobs = 0
         self.in_job = 0
         self.resume_at = 0.0
+        self.ready_at = 0.0
+        self.acting = None
 
     def _take(self, run, seconds, kind, name):
         self.busy += 1
@@ -450,6 +481,8 @@ class Passes(object):
 
     def act(self, policy, run):
         if run.now < self.resume_at:
+            return False
+        if self.params["pass_barrier"] and (self.busy or run.now < self.ready_at):
             return False
         if self.in_job == 0:
             self.jobs += 1
@@ -472,6 +505,7 @@ class Passes(object):
         def acting(node):
             self._take(run, self.install_s(node), "installed", node["name"])
 
+        self.acting = acting
         if policy.apply(run, decision, installs, acting):
             return True
         for name in decision["start"]:
@@ -480,6 +514,8 @@ class Passes(object):
 
     #: Whether the reboot holds the worker of the install (``ansible.builtin.reboot``).
     reboot_in_worker = False
+    #: Whether the verification follows the reboot in that worker (not in a later pass).
+    verify_in_install = False
 
     def install_s(self, node):
         """Seconds an install holds its worker: the install, and the reboot when the worker runs it."""
@@ -487,8 +523,25 @@ class Passes(object):
         return share * node["work_s"]
 
     def on_event(self, policy, run, kind, node):
+        if kind == "acted" and node["status"] == "in_flight" and node.get("drained"):
+            # Drained by the end of its start (no job, or its jobs ended meanwhile): the same pass
+            # goes on to its install admission, in the same worker.
+            decision = rollout_budget.decide(run.fleet.nodes, policy.options, candidates=[node["name"]])
+            if decision["action"] != "stop" and node["name"] in decision["install"]:
+                self.busy -= 1
+                run.install(node["name"], self.acting)
+                return
+        if kind == "installed" and self.verify_in_install and node["status"] == "in_flight":
+            # The verification (and a golden or canary node's soak) right after the reboot, in
+            # the same worker and pass (node_upgrade_drain: slurm).
+            soak = policy.node_soak_s(node["stage"]) if self.params["soak_in_worker"] else 0.0
+            run._schedule(run.now + self.params["verify_share"] * node["work_s"] + soak, "verified", node["name"])
+            return
         if kind in ("acted", "installed", "verified"):
             self.busy -= 1
+            if self.params["pass_barrier"] and not self.busy:
+                self.ready_at = run.now + self.params["pass_overhead_s"]
+                run._schedule(self.ready_at, "tick")
         if kind == "installed":
             reboot = 0.0 if self.reboot_in_worker else self.params["reboot_share"] * node["work_s"]
             run._schedule(run.now + reboot, "rebooted", node["name"])
@@ -504,23 +557,29 @@ class Passes(object):
 
 class SlurmDrainPasses(Passes):
     """:class:`Passes` for ``node_upgrade_drain: slurm``: the drain waits in no worker (the pass
-    journals the node waiting for its drain), the reboot runs in the worker of the install."""
+    journals the node waiting for its drain); the reboot and the verification run in the worker
+    of the install, in its pass."""
 
     name = "passes_slurm"
     reboot_in_worker = True
+    verify_in_install = True
 
 
 EXECUTORS = {"unbounded": Unbounded, "steps": Steps, "passes": Passes, "passes_slurm": SlurmDrainPasses}
 
 
 class BudgetPolicy(object):
-    """This collection's rollout: ``rollout_budget.decide`` at most once per POLL_S, on events."""
+    """This collection's rollout: ``rollout_budget.decide`` at most once per ``poll_s`` (default
+    POLL_S), on events; a golden or canary node soaks ``soak_s`` (default SOAK_S)."""
 
     name = "default"
     estimates = True
 
-    def __init__(self, options=None, track=False, name=None, estimates=True, executor=None):
+    def __init__(self, options=None, track=False, name=None, estimates=True, executor=None, poll_s=POLL_S,
+                 soak_s=SOAK_S):
         self.options = rollout_budget.normalize_options(options or {})
+        self.poll_s = float(poll_s)
+        self.soak_each_s = float(soak_s)
         self.executor = executor or Unbounded()
         self.name = name or self.name
         self.estimates = estimates
@@ -539,11 +598,11 @@ class BudgetPolicy(object):
         return rollout_budget.amount_of(self.options["max_unavailable"], size)
 
     def soak_s(self):
-        return 2 * SOAK_S
+        return 2 * self.soak_each_s
 
     def node_soak_s(self, stage):
         """A golden or canary node soaks (and is checked again) before its transaction ends."""
-        return SOAK_S if stage in ("golden", "canary") else 0.0
+        return self.soak_each_s if stage in ("golden", "canary") else 0.0
 
     def admits_install(self):
         """Whether a drained node waits for ``decide``'s install admission (``drain_ahead``)."""
@@ -558,9 +617,11 @@ class BudgetPolicy(object):
                 self.pending_tick = True
                 run._schedule(self.next_decision, "tick")
             return False
-        if kind == "tick":
-            self.pending_tick = False
-        self.next_decision = run.now + POLL_S
+        # A decision now, on whichever event: the tick it waited for may still be queued at this
+        # very time (it then asks for the next one); without this a decision made on another event
+        # would leave no tick ahead, and a run whose only events were ticks would stall.
+        self.pending_tick = False
+        self.next_decision = run.now + self.poll_s
         return self.executor.act(self, run)
 
     def on_event(self, run, kind, node):

@@ -110,3 +110,67 @@ def test_by_forks_rows_carry_the_issue_keys():
             assert figures["capacity_floor_h"] == row["capacity_floor_h"]
         assert table["8"]["completion_h"] < table["2"]["completion_h"]
     assert row["executor"]["steps_per_job"] == 12
+
+
+def described(count=12, work_s=100.0, drain_s=30.0):
+    """Two classes in turn, the first node of each golden, the second canary (scale.py's fleet)."""
+    nodes = []
+    for index in range(count):
+        rank = index // 2
+        nodes.append({"name": "node%02d" % (index + 1), "class": ("gpu_h100", "gpu_a100")[index % 2],
+                      "stage": "golden" if rank == 0 else "canary" if rank == 1 else "waves",
+                      "drain_s": drain_s, "drain_estimate_s": 60.0, "work_s": work_s})
+    return nodes
+
+
+def test_a_described_fleet_is_the_one_given_and_has_no_unrelated_failures():
+    fleet = simulate.Fleet.described(described(), seed=3)
+    assert [n["name"] for n in fleet.nodes][:3] == ["node01", "node02", "node03"]
+    assert fleet.class_sizes() == {"gpu_h100": 6, "gpu_a100": 6}
+    assert fleet.rate_per_s == 0.0 and all(n["status"] == "pending" and n["bad"] is False for n in fleet.nodes)
+    policy = simulate.BudgetPolicy(executor=simulate.SlurmDrainPasses(4), poll_s=10.0, soak_s=0.0)
+    result = simulate.Run(fleet, policy).go()
+    assert result["failed"] == 0 and result["stopped"] is None
+    assert all(n["status"] == "done" for n in fleet.nodes)
+    # One slot per class (10 % of 6, at least 1): each class's nodes one after another.
+    assert result["max_oos_by_class"] == {"gpu_h100": pytest.approx(100.0 / 6), "gpu_a100": pytest.approx(100.0 / 6)}
+    assert policy.node_soak_s("golden") == 0.0 and simulate.BudgetPolicy().node_soak_s("golden") == simulate.SOAK_S
+
+
+def test_with_the_slurm_drain_a_node_is_verified_in_the_pass_of_its_install():
+    """``node_upgrade_drain: slurm``: install, reboot and verification in one worker, one pass;
+    ``slurm_reboot``: the verification waits for a pass after Slurm's reboot."""
+    for kind, at_once in (("passes_slurm", True), ("passes", False)):
+        fleet = simulate.Fleet.described(described(count=2))
+        policy = simulate.BudgetPolicy(executor=simulate.EXECUTORS[kind](4, pass_barrier=False), poll_s=60.0,
+                                       soak_s=0.0)
+        result = simulate.Run(fleet, policy).go()
+        assert result["failed"] == 0
+        for node in fleet.nodes:
+            # Started at a decision, acted (10 s), drained at 30 s, installed at the next decision.
+            work = node["finished_at"] - (node["started_at"] + 60.0)
+            assert (work == pytest.approx(100.0)) is at_once, (kind, work)
+
+
+def test_with_the_pass_barrier_no_pass_begins_before_the_slowest_action_of_the_last_is_done():
+    """``pass_barrier`` (the playbook as it runs: one import of rollout_step.yml per pass): while
+    one node's long install runs, no other node starts or installs; without it, they do."""
+    seen = {}
+    for barrier in (True, False):
+        nodes = described(count=40, work_s=60.0, drain_s=5.0)
+        slow = next(n for n in nodes if n["stage"] == "waves")
+        slow["work_s"] = 6000.0
+        fleet = simulate.Fleet.described(nodes)
+        executor = simulate.SlurmDrainPasses(8, pass_barrier=barrier, pass_overhead_s=20.0)
+        result = simulate.Run(fleet, simulate.BudgetPolicy(executor=executor, poll_s=10.0, soak_s=0.0)).go()
+        slow = fleet.by_name[slow["name"]]
+        assert result["failed"] == 0 and result["worker_peak"] <= 8
+        # The slow node's install began one decision after its drain; it ends with its verification.
+        install_at = slow["finished_at"] - 6000.0
+        seen[barrier] = [n["name"] for n in fleet.nodes
+                         if install_at < n["started_at"] < slow["finished_at"] - 1.0]
+        if barrier:
+            # Passes are far fewer: each waits for its slowest action, and 20 s after it.
+            assert result["completion_s"] >= slow["finished_at"] + 20.0
+    assert seen[True] == []
+    assert len(seen[False]) > 10
