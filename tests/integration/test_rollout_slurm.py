@@ -377,6 +377,25 @@ def journal_events(rollouts, rollout_id):
         return [json.loads(line) for line in handle if line.strip()]
 
 
+def wait_for_a_pass_after(rollouts, rollout_id, event, node, proc):
+    """Wait until the journal holds a pass begun after ``node``'s first ``event`` (or the run ended).
+
+    A pass lasts as long as its slowest host's action (an install and reboot of another node), so
+    a fixed sleep may end before the next pass has begun; the tests release a job only after one.
+    """
+    def seen():
+        try:
+            events = journal_events(rollouts, rollout_id)
+        except (OSError, ValueError):
+            return proc.poll() is not None
+        marks = [e["time"] for e in events if e.get("event") == event and e.get("node") == node]
+        return (bool(marks) and any(e.get("event") == "pass" and e["time"] > marks[0] for e in events)) \
+            or proc.poll() is not None
+
+    wait_for(seen, 600, "a pass after %s's %s" % (node, event))
+    assert proc.poll() is None
+
+
 def on_baseline(rollouts, rollback_id):
     """Every node on the baseline, in service, without a fault (whichever tests ran before)."""
     for node in ("node02", "node03"):
@@ -418,7 +437,8 @@ def test_passes_upgrade_every_node_in_one_run_and_take_no_worker_for_a_node_that
     # Staged while its job runs, draining: the passes go on without it until the job ends.
     assert rollouts.job_state(job) == "RUNNING"
     assert rollouts.slurm_node("node03")["drain"]
-    time.sleep(15)
+    wait_for_a_pass_after(rollouts, "slurm-p", "pending", "node03", proc)
+    assert rollouts.job_state(job) == "RUNNING"
     release(rollouts, "node03", "/root/go-p")
     proc.wait(timeout=1200)
     with open(out) as handle:
@@ -485,7 +505,8 @@ def test_passes_leave_a_busy_node_draining_in_the_journal_and_install_it_after_i
     assert proc.poll() is None, open(out).read()[-4000:]
     assert rollouts.job_state(job) == "RUNNING"
     assert rollouts.slurm_node("node03")["summary"] == "draining"
-    time.sleep(15)
+    wait_for_a_pass_after(rollouts, "slurm-d", "waiting", "node03", proc)
+    assert rollouts.job_state(job) == "RUNNING"
     release(rollouts, "node03", "/root/go-d")
     proc.wait(timeout=1200)
     with open(out) as handle:
