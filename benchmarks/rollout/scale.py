@@ -43,7 +43,6 @@ import random
 import shutil
 import sys
 import tempfile
-import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -73,17 +72,15 @@ INVENTORY_VARS = """\
 def drains(names, seed, median_s):
     """Each node's drain and the scheduler's estimate of it: ``{name: (drain_s, limit_min)}``.
 
-    Drawn as ``simulate.Fleet`` draws them (the same distributions, scaled by ``median_s / 360``);
-    the estimate is the job's time limit, the drain over 30 to 100 %, in whole minutes.
+    Drawn as ``simulate.Fleet`` draws them (``simulate.drain_draw``, scaled by ``median_s / 360``);
+    the estimate is the job's time limit, in whole minutes.
     """
     rng = random.Random(seed)
     guess = random.Random(seed + 7919)
-    scale = median_s / 360.0
     out = {}
     for name in names:
-        long_drain = rng.random() < 0.10
-        drain = scale * (simulate._lognormal(rng, 2700.0, 0.6) if long_drain else simulate._lognormal(rng, 360.0, 0.8))
-        out[name] = (drain, max(1, int(math.ceil(drain / guess.uniform(0.3, 1.0) / 60.0))))
+        drain, estimate = simulate.drain_draw(rng, guess, median_s / 360.0)
+        out[name] = (drain, max(1, int(math.ceil(estimate / 60.0))))
     return out
 
 
@@ -127,7 +124,6 @@ class Watch(object):
         self.worker_peak = 0
         self.oos_peak = {}
         self.errors = 0
-        self.lock = threading.Lock()
 
     def __call__(self, pid):
         self.worker_peak = max(self.worker_peak, workers(pid))
@@ -140,10 +136,9 @@ class Watch(object):
         except Exception:  # pylint: disable=broad-except
             self.errors += 1
             return
-        with self.lock:
-            for klass in set(self.classes.values()):
-                count = len([name for name in out if self.classes.get(name) == klass])
-                self.oos_peak[klass] = max(self.oos_peak.get(klass, 0), count)
+        for klass in set(self.classes.values()):
+            count = len([name for name in out if self.classes.get(name) == klass])
+            self.oos_peak[klass] = max(self.oos_peak.get(klass, 0), count)
 
 
 def phases_from(path):

@@ -90,6 +90,19 @@ def _lognormal(rng, median_s, sigma):
     return median_s * math.exp(rng.gauss(0.0, sigma))
 
 
+def drain_draw(rng, guess, scale=1.0):
+    """One node's drain and the scheduler's estimate of it, in seconds: ``(drain_s, estimate_s)``.
+
+    The drain: 90 % log-normal, median 6 min; 10 % a long job, median 45 min (both times
+    ``scale``). Slurm's end time of the node's running jobs comes from their time limit: a job ends
+    after 30 to 100 % of it, so the estimate is the drain or up to 3.3x longer (drawn from
+    ``guess``, apart, so that a fleet is the same with estimates and without).
+    """
+    long_drain = rng.random() < 0.10
+    drain = scale * (_lognormal(rng, 2700.0, 0.6) if long_drain else _lognormal(rng, 360.0, 0.8))
+    return drain, drain / guess.uniform(0.3, 1.0)
+
+
 def _signature(rng):
     pick = rng.random() * sum(share for _name, share in SIGNATURES)
     for name, share in SIGNATURES:
@@ -113,15 +126,12 @@ class Fleet(object):
             canary = max(1, count // 100)
             for index in range(count):
                 stage = "golden" if index == 0 else "canary" if index <= canary else "waves"
-                long_drain = rng.random() < 0.10
-                drain = _lognormal(rng, 2700.0, 0.6) if long_drain else _lognormal(rng, 360.0, 0.8)
+                drain, estimate = drain_draw(rng, guess)
                 self.nodes.append({
                     "name": "%s-%05d" % (klass, index), "class": klass, "stage": stage, "status": "pending",
                     "drain_s": drain, "work_s": _lognormal(rng, 720.0, 0.3),
                     "bad": rng.random() < bad_fraction,
-                    # Slurm's end time of the node's running jobs comes from their time limit: a job
-                    # ends after 30 to 100 % of it, so the estimate is the drain or up to 3.3x longer.
-                    "drain_estimate_s": drain / guess.uniform(0.3, 1.0),
+                    "drain_estimate_s": estimate,
                 })
                 if not estimates:
                     del self.nodes[-1]["drain_estimate_s"]
